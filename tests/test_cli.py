@@ -1,0 +1,128 @@
+"End to end tests of the `fastrepro` command line: each runs `python -m fastrepro.cli` as its own process, on a ledger built here."
+import os, sys, json, shutil, subprocess
+from pathlib import Path
+import git, pytest
+from fastrepro.ledger import Ledger, LEDGER_ENV
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT_S = 120
+
+
+def fastrepro(*args, cwd=None, **env):
+    "Run `python -m fastrepro.cli args` in a fresh process; the completed process"
+    env = {**os.environ, 'PYTHONPATH': os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]), **env}
+    return subprocess.run([sys.executable, '-m', 'fastrepro.cli', *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+def assert_user_error(res, *expected):
+    "Exit code 2, one clear message on stderr, no traceback"
+    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+    assert 'Traceback' not in res.stderr, res.stderr
+    for e in expected: assert e in res.stderr, res.stderr
+
+
+@pytest.fixture(scope='module')
+def ledger(tmp_path_factory):
+    "A ledger with 5 seeds of a baseline, a better variant, a worse one, one failed run and a variant under a new metric version"
+    path = tmp_path_factory.mktemp('ledger')/'runs.db'
+    lab = Ledger(path)
+    noise = (-0.002, 0.001, 0.0, 0.002, -0.001)
+    for variant, acc, version in (('baseline', 0.90, 1), ('mixup', 0.91, 1), ('dropout0', 0.88, 1), ('newval', 0.93, 2)):
+        for seed, n in enumerate(noise):
+            lab.add(dict(experiment='imdb', variant=variant, seed=seed, commit='0123456789abcdef0123', dirty=False,
+                         metric_version=version, hyperparameters={'lr': 1e-3, 'epochs': 2},
+                         metrics={'final': {'accuracy': acc + n, 'error_rate': 1 - acc - n}, 'best': {'accuracy': acc + n + 0.001}}))
+    lab.add(dict(experiment='imdb', variant='mixup', seed=5, status='failed', notes='CUDA out of memory'))
+    lab.add(dict(experiment='cifar', variant='baseline', seed=0, metrics={'final': {'accuracy': 0.7}}))
+    return path
+
+
+def test_runs_table(ledger):
+    res = fastrepro('runs', '--ledger', ledger, '--experiment', 'imdb', '--variant', 'mixup')
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.strip().splitlines()
+    assert len(lines) == 1 + 6
+    assert lines[0].split()[:5] == ['id', 'experiment', 'variant', 'seed', 'status']
+    assert 'accuracy' in lines[0] and 'error_rate' in lines[0]
+    assert '01234567' in res.stdout and 'failed' in res.stdout
+
+
+def test_runs_json_and_env_var(ledger):
+    "The ledger can come from FASTREPRO_LEDGER; --json gives every field"
+    res = fastrepro('runs', '--status', 'failed', '--json', **{LEDGER_ENV: str(ledger)})
+    assert res.returncode == 0, res.stderr
+    (run,) = json.loads(res.stdout)
+    assert (run['experiment'], run['variant'], run['seed'], run['notes']) == ('imdb', 'mixup', 5, 'CUDA out of memory')
+    assert run['started'].endswith('+00:00')
+
+
+def test_runs_unknown_experiment(ledger):
+    assert_user_error(fastrepro('runs', '--ledger', ledger, '--experiment', 'mnist'),
+                      "No experiment 'mnist'", "'cifar': baseline (1 runs)", "'imdb': baseline (5 runs)")
+
+
+def test_missing_ledger(tmp_path):
+    missing = tmp_path/'nowhere.db'
+    assert_user_error(fastrepro('runs', '--ledger', missing), 'No ledger at', LEDGER_ENV)
+    assert not missing.exists()
+
+
+def test_compare(ledger):
+    res = fastrepro('compare', '--ledger', ledger, '--experiment', 'imdb', '--baseline', 'baseline', '--variant', 'mixup',
+                    '--metric', 'accuracy')
+    assert res.returncode == 0 and res.stderr == '', res.stderr
+    assert 'imdb/mixup vs imdb/baseline' in res.stdout and 'verdict: progression' in res.stdout
+    assert '95% CI' in res.stdout and "Hedges' g" in res.stdout
+
+
+def test_compare_lower_is_better_json(ledger):
+    args = ('compare', '--ledger', ledger, '--experiment', 'imdb', '--baseline', 'baseline', '--variant', 'dropout0',
+            '--metric', 'error_rate', '--json')
+    r = json.loads(fastrepro(*args, '--lower-is-better').stdout)
+    assert r['verdict'] == 'regression' and r['n'] == [5, 5] and r['mean_diff'] > 0
+    assert json.loads(fastrepro(*args).stdout)['verdict'] == 'progression'
+
+
+def test_compare_fail_on_regression(ledger):
+    res = fastrepro('compare', '--ledger', ledger, '--experiment', 'imdb', '--baseline', 'baseline', '--variant', 'dropout0',
+                    '--metric', 'accuracy', '--fail-on-regression')
+    assert res.returncode == 1 and 'verdict: regression' in res.stdout
+
+
+def test_compare_errors(ledger):
+    base = ('compare', '--ledger', ledger, '--experiment', 'imdb', '--baseline', 'baseline', '--metric', 'accuracy')
+    assert_user_error(fastrepro(*base, '--variant', 'cutmix'), "No variant 'cutmix' of experiment 'imdb'", 'mixup (6 runs)')
+    assert_user_error(fastrepro(*base, '--variant', 'newval'), 'metric_version', 're-run the baseline')
+
+
+def test_env(tmp_path):
+    "In a clean repository `env --json` gives the commit and the environment"
+    repo = git.Repo.init(tmp_path, initial_branch='main')
+    with repo.config_writer() as cw:
+        cw.set_value('user', 'name', 'tests'); cw.set_value('user', 'email', 'tests@fastrepro.invalid')
+    (tmp_path/'train.py').write_text('print(1)\n')
+    repo.index.add(['train.py'])
+    head = repo.index.commit('initial').hexsha
+    repo.close()
+    res = fastrepro('env', '--json', cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    info = json.loads(res.stdout)
+    assert (info['git']['commit'], info['git']['branch'], info['git']['dirty']) == (head, 'main', False)
+    assert len(info['env']['env_hash']) == 64 and info['env']['python'] == '.'.join(map(str, sys.version_info[:3]))
+    assert 'cudnn_benchmark' in info['env']['switches']
+
+
+def test_env_outside_repo(tmp_path):
+    "The text output; outside a repository it says so, with a warning"
+    res = fastrepro('env', cwd=tmp_path)
+    assert res.returncode == 0
+    assert 'env_hash' in res.stdout and 'num_threads' in res.stdout and 'cudnn_benchmark' in res.stdout
+    assert 'git: not a git repository' in res.stdout
+    assert res.stderr.startswith('fastrepro: warning:') and 'not inside a git repository' in res.stderr
+
+
+@pytest.mark.skipif(shutil.which('fastrepro') is None, reason='the package is not installed (pip install -e .)')
+def test_console_script():
+    res = subprocess.run(['fastrepro', '--help'], capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert res.returncode == 0 and all(c in res.stdout for c in ('env', 'runs', 'compare'))
