@@ -19,12 +19,13 @@ from .provenance import run_provenance, environment_info, env_diff
 from .ledger import Ledger
 
 # %% auto #0
-__all__ = ['TRACE_EVERY', 'SEED_DRAW_BITS', 'LOSS_NAMES', 'ResumeError', 'data_fingerprint', 'ReproCB']
+__all__ = ['TRACE_EVERY', 'SEED_DRAW_BITS', 'LOSS_NAMES', 'DEFAULT_EXPERIMENT', 'ResumeError', 'data_fingerprint', 'ReproCB']
 
-# %% ../nbs/03_callback.ipynb #577e228a
+# %% ../nbs/03_callback.ipynb #7e6d10e3
 TRACE_EVERY = 10       # fingerprint the parameters every N training iterations
 SEED_DRAW_BITS = 31    # seeds drawn when none is given: short enough to type back
 LOSS_NAMES = ('loss', 'perplexity', 'error')  # metrics where lower is better, for the ledger's `best`
+DEFAULT_EXPERIMENT = 'default'  # ledger experiment name when ReproCB is given none
 
 class ResumeError(RuntimeError):
     "A fit that cannot resume the loaded checkpoint exactly"
@@ -93,7 +94,7 @@ def _set_recorder_state(rec, d:dict, device):
     rec.losses = [o.to(device) for o in d['losses']]
     rec.lrs, rec.iters, rec.values = list(d['lrs']), list(d['iters']), [L(v) for v in d['values']]
 
-# %% ../nbs/03_callback.ipynb #90f54683
+# %% ../nbs/03_callback.ipynb #fca010e0
 class ReproCB(Callback):
     "Own every generator of a fastai run: seeds and streams, deterministic switches, provenance, trace, exact resume"
     order = -20  # before TrainEvalCallback (-10): the epoch barrier reseeds before any other callback draws
@@ -116,7 +117,7 @@ class ReproCB(Callback):
         store_attr(but='ledger')
         self.ledger = Ledger(ledger) if isinstance(ledger, (str, Path)) else ledger
         self.fit_idx, self.epoch_done, self.n_epoch_done, self.mid_epoch = -1, -1, None, False
-        self._staged, self._switches_before, self.run_id, self.git, self.env = None, None, None, None, None
+        self._staged, self._switches_before, self.run_id, self.git, self.env, self.prov = None, None, None, None, None, None
         self.trace, self._reported = _Trace(), set()
 
 # %% ../nbs/03_callback.ipynb #2d1e0f9b
@@ -190,12 +191,12 @@ def _audit(self:ReproCB, staged):
     if new: warnings.warn("ReproCB audit:\n- " + "\n- ".join(new), NondeterminismWarning)
     self._reported.update(new)
 
-# %% ../nbs/03_callback.ipynb #bdeaf2fc
+# %% ../nbs/03_callback.ipynb #3e18bfc9
 @patch
 def _check_provenance(self:ReproCB):
     "Record the code's commit and the environment; refuse a dirty tree unless `allow_dirty`"
-    prov = run_provenance(self.repo_path or '.', allow_dirty=self.allow_dirty)
-    self.git, self.env = dict(prov['git'], patch=prov['patch']), prov['env']
+    self.prov = run_provenance(self.repo_path or '.', allow_dirty=self.allow_dirty)
+    self.git, self.env = dict(self.prov['git'], patch=self.prov['patch']), self.prov['env']
 
 # %% ../nbs/03_callback.ipynb #cbfbc59e
 @patch
@@ -245,25 +246,27 @@ def after_epoch(self:ReproCB):
     self.trace.flush()
     self.epoch_done, self.n_epoch_done, self.mid_epoch = self.epoch, self.n_epoch, False
 
-# %% ../nbs/03_callback.ipynb #2b090eeb
+# %% ../nbs/03_callback.ipynb #83306243
 @patch
-def _end_fit(self:ReproCB, status:str):
+def _end_fit(self:ReproCB, status:str, notes:str|None=None):
     if not getattr(self, 'active', False): return
     self.active = False
     if self._switches_before is not None: set_switches(self._switches_before); self._switches_before = None
     if self.deterministic_data: undo_deterministic(self.dls)
     self.trace.flush()
-    self._ledger_end(status)
+    self._ledger_end(status, notes)
 
 @patch
 def after_cancel_fit(self:ReproCB): self._cancelled = True
 @patch
-def after_fit(self:ReproCB): self._end_fit('cancelled' if getattr(self, '_cancelled', False) else 'completed'); self._cancelled = False
+def after_fit(self:ReproCB):
+    cancelled, self._cancelled = getattr(self, '_cancelled', False), False
+    self._end_fit('interrupted' if cancelled else 'completed', 'cancelled (CancelFitException)' if cancelled else None)
 @patch
 def after_fit_exception(self:ReproCB, exc):
-    self._end_fit('interrupted' if isinstance(exc, KeyboardInterrupt) else 'failed')
+    self._end_fit('interrupted' if isinstance(exc, KeyboardInterrupt) else 'failed', f"{type(exc).__name__}: {exc}")
 
-# %% ../nbs/03_callback.ipynb #eec0b8d4
+# %% ../nbs/03_callback.ipynb #55c7e14f
 @patch
 def _metrics(self:ReproCB) -> dict:
     "Final and best value of each recorded metric of this fit"
@@ -281,17 +284,17 @@ def _ledger_start(self:ReproCB):
     opt = self.learn.opt
     hp = dict(lr=float(opt.hypers[-1]['lr']) if opt is not None else None, epochs=self.n_epoch, bs=getattr(self.dls, 'bs', None),
               arch=type(get_model(self.model)).__name__, loss_func=type(self.learn.loss_func).__name__,
-              fit_idx=self.fit_idx, start_epoch=self.start_epoch, **(self.tags or {}))
-    self.run_id = self.ledger.add(dict(experiment=self.experiment, variant=self.variant, seed=self.seed,
-        commit=self.git.get('commit'), dirty=bool(self.git.get('dirty')), patch=self.git.get('patch'),
-        env_hash=self.env.get('env_hash'), env=self.env, hyperparameters=hp, metric_version=self.metric_version,
-        data_fingerprint=data_fingerprint(self.dls), status='running', started=time.time()))
+              fit_idx=self.fit_idx, start_epoch=self.start_epoch)
+    self._started = time.time()
+    self.run_id = self.ledger.add(dict(experiment=self.experiment or DEFAULT_EXPERIMENT, variant=self.variant, seed=self.seed,
+        hyperparameters=hp, tags=self.tags, metric_version=self.metric_version, data_fingerprint=data_fingerprint(self.dls),
+        status='running', started=self._started, **self.prov))
 
 @patch
-def _ledger_end(self:ReproCB, status:str):
+def _ledger_end(self:ReproCB, status:str, notes:str|None=None):
     if self.ledger is None or self.run_id is None: return
     now = time.time()
-    self.ledger.update(self.run_id, status=status, metrics=self._metrics(), finished=now)
+    self.ledger.update(self.run_id, status=status, metrics=self._metrics(), finished=now, duration=now-self._started, notes=notes)
     self.run_id = None
 
 # %% ../nbs/03_callback.ipynb #963948c2

@@ -24,14 +24,15 @@ WORKERS = 'workers'   # stream of the worker processes' base seed
 BATCH = 'batch'       # stream of batch `i` in the main process: `after_batch` and everything else there
 BATCH_ITEMS = 'items' # stream of batch `i`'s items when seeding per batch (`per_item=False`)
 
-# %% ../nbs/04_data.ipynb #8eb911ce
+# %% ../nbs/04_data.ipynb #310c7ea7
 def _as_epoch(epoch):
     "`epoch` as an int or a non-empty tuple of ints (a state dict stores a tuple as a list)"
     if not isinstance(epoch, (tuple, list)): return int(epoch)
-    if len(epoch) == 0: raise ValueError("The pass coordinate `epoch` is an empty tuple: give an int or a tuple such as (fit_idx, epoch).")
+    if len(epoch) == 0:
+        raise ValueError("The pass coordinate `epoch` is an empty tuple: give an int or a tuple like (fit_idx, epoch).")
     return tuple(int(o) for o in epoch)
 
-# %% ../nbs/04_data.ipynb #d275a449
+# %% ../nbs/04_data.ipynb #455a1839
 class DataStreams:
     "The run `seed` and current pass coordinate `epoch` from which a DataLoader draws all its randomness"
     def __init__(self, seed:int, # the run seed
@@ -60,7 +61,7 @@ class DataStreams:
         self.__init__(d['seed'], d['epoch'], d.get('per_item', self.per_item), d.get('dl_idx', self.dl_idx))
 
     def __repr__(self):
-        return f"{type(self).__name__}(seed={self.seed}, epoch={self.epoch}, per_item={self.per_item}, dl_idx={self.dl_idx})"
+        return f"DataStreams(seed={self.seed}, epoch={self.epoch}, per_item={self.per_item}, dl_idx={self.dl_idx})"
 
 # %% ../nbs/04_data.ipynb #e1584ea1
 def _seed_cpu(seed:int):
@@ -94,9 +95,10 @@ def _seeded(seed:int, cuda_gen=None):
         _set_cpu_states(saved[0])
         if cuda_gen is not None: cuda_gen.set_state(saved[1])
 
-# %% ../nbs/04_data.ipynb #bb4d5128
+# %% ../nbs/04_data.ipynb #13a6c846
 _PATCHED = ('__iter__', 'randomize', 'get_idxs', 'create_batches')
-_fastai = {n: getattr(DataLoader, '_orig_'+n, getattr(DataLoader, n)) for n in _PATCHED}  # `@patch` keeps fastai's as `_orig_<name>`
+# fastai's own methods; `@patch` keeps them as `_orig_<name>`, so importing this module twice does not wrap twice
+_fastai = {n: getattr(DataLoader, '_orig_'+n, getattr(DataLoader, n)) for n in _PATCHED}
 
 def data_streams(dl) -> DataStreams|None:
     "The streams attached to `dl` by `make_deterministic`, or None"
@@ -125,7 +127,7 @@ def get_idxs(self:DataLoader):
     if self.shuffle: _reset_order(self)
     with _seeded(st.seed_for(SHUFFLE)): return _fastai['get_idxs'](self)
 
-# %% ../nbs/04_data.ipynb #7f06f42d
+# %% ../nbs/04_data.ipynb #e3cddb2e
 def _pass_pos(dl, pos:int) -> int:
     "The position in the whole pass of the `pos`-th sample this process makes (fastai deals batches to workers in turn)"
     bs = dl.bs or 1
@@ -138,7 +140,7 @@ def _seed_items(dl, st:DataStreams, samps):
         yield s
 
 def _stream_batches(dl, st:DataStreams, samps):
-    "fastai's `create_batches` with items seeded from their streams; the main process's states restored after each batch"
+    "fastai's `create_batches`, items seeded from their streams; in the main process, states restored after each batch"
     batches = _fastai['create_batches'](dl, _seed_items(dl, st, samps) if st.per_item else samps)
     in_main = get_worker_info() is None
     for i in itertools.count(dl.offs, dl.num_workers):  # batch `i` of the pass is made by worker `i % num_workers`

@@ -68,7 +68,7 @@ def history_frame(hist:dict) -> pd.DataFrame:
               growth_tracker='int64', scaled='bool')
     return pd.DataFrame({c: pd.Series(hist[c], dtype=dt[c]) for c in HISTORY_COLUMNS})
 
-# %% ../nbs/05_fp16.ipynb #29790c2a
+# %% ../nbs/05_fp16.ipynb #cebc7c23
 @delegates(GradScaler, but=['device', 'enabled'])
 class ReproMixedPrecision(MixedPrecision):
     "fastai's `MixedPrecision` on the learner's device, with its loss scale recorded, kept, plotted and checkpointed"
@@ -82,7 +82,8 @@ class ReproMixedPrecision(MixedPrecision):
         self.disable_onednn = disable_onednn
         self._hist, self._pending, self._staged, self._scaler_state = _empty_history(), [], None, None
         self.n_fits, self.fit_idx, self._iter, self._epoch_end_iter = 0, -1, 0, 0
-        self._active, self._in_autocast, self._onednn_before, self._scale_used, self.device_type = False, False, None, None, None
+        self._active, self._in_autocast, self._onednn_off, self._onednn_before = False, False, False, None
+        self._scale_used, self.device_type = None, None
 
 # %% ../nbs/05_fp16.ipynb #2c1c95f2
 @patch
@@ -191,17 +192,16 @@ def after_fit_exception(self:ReproMixedPrecision, exc):
     self._end_fit()
     MixedPrecision.after_fit(self)
 
-# %% ../nbs/05_fp16.ipynb #e0bf9767
+# %% ../nbs/05_fp16.ipynb #de8fce94
 def _hist_to_tensors(hist:dict) -> dict: return {c: torch.tensor(hist[c], dtype=_DTYPES[c]) for c in HISTORY_COLUMNS}
 def _hist_to_lists(hist:dict) -> dict:
     return {c: (hist[c].tolist() if isinstance(hist[c], Tensor) else list(hist[c])) for c in HISTORY_COLUMNS}
 
 @patch
-def _own_state(self:ReproMixedPrecision) -> dict:
-    "This callback's state now (history as lists)"
+def _own_state(self:ReproMixedPrecision, live:bool=True) -> dict:
+    "This callback's state now (history as lists); with `live`, the running fit's scaler, else the last fit's"
     self._flush()
-    live = self._active and self.scaler is not None
-    scaler = self.scaler.state_dict() if live else self._scaler_state
+    scaler = self.scaler.state_dict() if live and self._active and self.scaler is not None else self._scaler_state
     return dict(format=STATE_FORMAT, amp_mode=self.amp_mode.value, scaler=scaler, n_fits=self.n_fits,
                 epoch_end_iter=self._epoch_end_iter, history=_hist_to_lists(self._hist))
 
@@ -222,13 +222,13 @@ def load_state_dict(self:ReproMixedPrecision, d:dict):
                          "Load a checkpoint written by this version of fastrepro.")
     self._staged = {**{k: v for k, v in d.items() if k != 'meta'}, 'history': _hist_to_lists(d['history'])}
 
-# %% ../nbs/05_fp16.ipynb #368f6252
+# %% ../nbs/05_fp16.ipynb #2fd827ab
 @patch
 def _start_fit(self:ReproMixedPrecision):
     "Consume the staged state: resume the saved fit, or start a fresh one"
     start, st, self._staged = resume_epoch(self.learn), self._staged, None
     if start > 0:
-        st = st if st is not None else self._own_state()
+        st = st if st is not None else self._own_state(live=False)  # the scaler fastai just built is not ours to resume
         if st['n_fits'] > 0: return self._resume(st, start)
         warnings.warn(f"This fit resumes at epoch {start}, but no loss-scale state was loaded: the GradScaler restarts "
                       "at its initial scale, so the run will not match the uninterrupted one. Attach the callback "
