@@ -19,7 +19,8 @@ from .provenance import run_provenance, environment_info, env_diff
 from .ledger import Ledger
 
 # %% auto #0
-__all__ = ['TRACE_EVERY', 'SEED_DRAW_BITS', 'LOSS_NAMES', 'DEFAULT_EXPERIMENT', 'ResumeError', 'data_fingerprint', 'ReproCB']
+__all__ = ['TRACE_EVERY', 'SEED_DRAW_BITS', 'LOSS_NAMES', 'DEFAULT_EXPERIMENT', 'ResumeError', 'data_fingerprint',
+           'grad_presence', 'set_grad_presence', 'ReproCB']
 
 # %% ../nbs/03_callback.ipynb #7e6d10e3
 TRACE_EVERY = 10       # fingerprint the parameters every N training iterations
@@ -94,6 +95,20 @@ def _set_recorder_state(rec, d:dict, device):
     rec.losses = [o.to(device) for o in d['losses']]
     rec.lrs, rec.iters, rec.values = list(d['lrs']), list(d['iters']), [L(v) for v in d['values']]
 
+# %% ../nbs/03_callback.ipynb #83984ee2
+def grad_presence(model) -> list:
+    "Which parameters of `model` hold a `.grad` (fastai's optimizer steps exactly those)"
+    return [p.grad is not None for p in model.parameters()]
+
+def set_grad_presence(model, present:list):
+    "Give the parameters of `model` zero gradients where `present` says, none elsewhere"
+    params = list(model.parameters())
+    if len(params) != len(present): raise ResumeError(f"The checkpoint has {len(present)} parameters, the model {len(params)}.")
+    for p, has in zip(params, present):
+        if has and p.grad is None: p.grad = torch.zeros_like(p)
+        elif has: p.grad.detach_().zero_()
+        elif not has: p.grad = None
+
 # %% ../nbs/03_callback.ipynb #fca010e0
 class ReproCB(Callback):
     "Own every generator of a fastai run: seeds and streams, deterministic switches, provenance, trace, exact resume"
@@ -120,11 +135,12 @@ class ReproCB(Callback):
         self._staged, self._switches_before, self.run_id, self.git, self.env, self.prov = None, None, None, None, None, None
         self.trace, self._reported = _Trace(), set()
 
-# %% ../nbs/03_callback.ipynb #2d1e0f9b
+# %% ../nbs/03_callback.ipynb #fd06b9d9
 @patch
 def _start_fit(self:ReproCB):
     "Decide this fit's index and check a resume against the staged checkpoint"
     start, st = resume_epoch(self.learn), self._staged
+    if st is not None and 'grad_present' in st: set_grad_presence(self.model, st['grad_present'])
     if start > 0:
         if st is None:
             warnings.warn(f"This fit resumes at epoch {start} but no fastrepro checkpoint was loaded: generator states, "
@@ -297,7 +313,7 @@ def _ledger_end(self:ReproCB, status:str, notes:str|None=None):
     self.ledger.update(self.run_id, status=status, metrics=self._metrics(), finished=now, duration=now-self._started, notes=notes)
     self.run_id = None
 
-# %% ../nbs/03_callback.ipynb #963948c2
+# %% ../nbs/03_callback.ipynb #8c39fbab
 @patch
 def state_dict(self:ReproCB) -> dict:
     "Everything a resumed run needs, `weights_only`-safe"
@@ -307,7 +323,7 @@ def state_dict(self:ReproCB) -> dict:
                 device=getattr(self, 'device', None), env=self.env or environment_info(), git=self.git)
     rec = getattr(self.learn, 'recorder', None)
     return dict(meta=meta, seed=self.seed, fit_idx=self.fit_idx, epoch=self.epoch_done, n_epoch=self.n_epoch_done,
-                train_iter=meta['iteration'], mid_epoch=self.mid_epoch, rng=rng_states(self.dls),
+                train_iter=meta['iteration'], mid_epoch=self.mid_epoch, rng=rng_states(self.dls), grad_present=grad_presence(self.model),
                 recorder=_recorder_state(rec) if rec is not None and hasattr(rec, 'lrs') else None,
                 trace=self.trace.state_dict())
 

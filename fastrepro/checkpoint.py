@@ -150,10 +150,11 @@ def save(self:Learner, file, **kwargs):
     atomic_save(state, file, pickle_protocol=kwargs.get('pickle_protocol', 2))
     return file
 
-# %% ../nbs/02_checkpoint.ipynb #1945fbac
+# %% ../nbs/02_checkpoint.ipynb #5444b0d2
 def _stage(learn, extra, file):
     "Hand each stateful callback its part of `extra` (fastrepro state read from `file`)"
     cbs = stateful_cbs(learn)
+    if in_fit(learn): return  # a reload inside a fit (SaveModelCallback's best model) restores weights, not a resume point
     if extra is None:
         if cbs: warnings.warn(f"{file} is a plain fastai checkpoint: it holds no RNG or callback state, so a run "
                               "resumed from it will not be bit-identical to the uninterrupted one.")

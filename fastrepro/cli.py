@@ -1,4 +1,4 @@
-"""`fastrepro env`, `fastrepro runs`, `fastrepro compare`: the environment, the ledger and honest comparisons from a shell.
+"""`fastrepro env`, `fastrepro runs`, `fastrepro compare`, `fastrepro diff`, `fastrepro demo`: the environment, the ledger, honest comparisons, where two runs part, and the reproducibility demo from a shell.
 
 Docs: https://fastrepro.github.io/fastrepro/cli.html.md"""
 
@@ -13,7 +13,7 @@ from .ledger import Ledger, LedgerError, ledger_path, metrics_frame, LEDGER_ENV,
 
 # %% auto #0
 __all__ = ['COMMANDS', 'EXIT_USAGE', 'EXIT_REGRESSION', 'LEDGER_ARG', 'CLIError', 'arg', 'command', 'parser', 'main',
-           'env_command', 'open_ledger', 'runs_command', 'compare_command']
+           'env_command', 'open_ledger', 'runs_command', 'compare_command', 'diff_command', 'demo_command']
 
 # %% ../nbs/10_cli.ipynb #37049b5c
 COMMANDS = {}  # subcommand name -> (function, arguments)
@@ -150,6 +150,28 @@ def compare_command(args):
                        max_baseline_age=args.max_baseline_age, which='best' if args.best else 'final', alpha=args.alpha)
     print(json.dumps(r.to_dict(), indent=1) if args.json else repr(r))
     if args.fail_on_regression and r.verdict == 'regression': return EXIT_REGRESSION
+
+# %% ../nbs/10_cli.ipynb #817c3b18
+@command('diff', arg('a', help='trace file (save_trace) or fastrepro checkpoint of run A'),
+         arg('b', help='trace file or checkpoint of run B'))
+def diff_command(args):
+    "Find the first iteration where two runs part (exit code 0: identical, 1: different, 2: unreadable)"
+    from fastrepro import audit  # imports torch: only for this command
+    return audit.diff_command(args)
+
+# %% ../nbs/10_cli.ipynb #07021f1a
+@command('demo', arg('--profile', default='fast', help="'test' (about a minute), 'fast' (the fast loop: at most 5 minutes on a "
+                     "2-core CPU; default) or 'full' (real ULMFiT settings, pretrained: for a GPU)"),
+         arg('--seeds', type=int, default=3, metavar='N', help='seeds per arm of the baseline-vs-variant comparison (default: 3)'),
+         arg('--data', metavar='CSV', help="a CSV of labelled texts: 'text' and 'label' columns, optionally 'is_valid' "
+                                            "(default: fastai's IMDB sample)"),
+         arg('--out', default='fastrepro-demo', metavar='DIR', help='folder for report.md, report.json and the plots (default: fastrepro-demo)'))
+def demo_command(args):
+    "Run the ULMFiT reproducibility demo: same seed same bits, kill and resume, fp16 loss scale, a hidden draw found, a change over seeds, the fast loop"
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', FutureWarning)  # deprecation notices of fastai's own imports, not the user's to act on
+        from fastrepro.demo import run_demo  # imports torch and fastai: only for this command
+    return run_demo(args.profile, n_seeds=args.seeds, data=args.data, out=args.out)
 
 # %% ../nbs/10_cli.ipynb #3a627a64
 if __name__ == '__main__': sys.exit(main())

@@ -15,14 +15,14 @@ from fastai.data.load import DataLoader
 from .rng import derive_seed, NUMPY_SEED_MOD, _loaders, _order_holder
 
 # %% auto #0
-__all__ = ['SHUFFLE', 'WORKERS', 'BATCH', 'BATCH_ITEMS', 'DataStreams', 'data_streams', 'make_deterministic',
+__all__ = ['SHUFFLE_STREAM', 'WORKER_STREAM', 'BATCH_STREAM', 'ITEMS_STREAM', 'DataStreams', 'data_streams', 'make_deterministic',
            'undo_deterministic', 'set_epoch']
 
-# %% ../nbs/04_data.ipynb #49948b5e
-SHUFFLE = 'shuffle'   # stream of a pass's order: `dl.rng` and the global generators while `get_idxs` runs
-WORKERS = 'workers'   # stream of the worker processes' base seed
-BATCH = 'batch'       # stream of batch `i` in the main process: `after_batch` and everything else there
-BATCH_ITEMS = 'items' # stream of batch `i`'s items when seeding per batch (`per_item=False`)
+# %% ../nbs/04_data.ipynb #b34468fb
+SHUFFLE_STREAM = 'shuffle' # a pass's order: `dl.rng`, and the global generators while `get_idxs` runs
+WORKER_STREAM = 'workers'  # the worker processes' base seed
+BATCH_STREAM = 'batch'     # batch `i` in the main process: `after_batch` and anything else that runs there
+ITEMS_STREAM = 'items'     # batch `i`'s items when seeding per batch (`per_item=False`)
 
 # %% ../nbs/04_data.ipynb #310c7ea7
 def _as_epoch(epoch):
@@ -32,7 +32,7 @@ def _as_epoch(epoch):
         raise ValueError("The pass coordinate `epoch` is an empty tuple: give an int or a tuple like (fit_idx, epoch).")
     return tuple(int(o) for o in epoch)
 
-# %% ../nbs/04_data.ipynb #455a1839
+# %% ../nbs/04_data.ipynb #b8d975c5
 class DataStreams:
     "The run `seed` and current pass coordinate `epoch` from which a DataLoader draws all its randomness"
     def __init__(self, seed:int, # the run seed
@@ -43,7 +43,7 @@ class DataStreams:
         self.seed,self.per_item,self.dl_idx,self.epoch = int(seed),bool(per_item),int(dl_idx),_as_epoch(epoch)
 
     def seed_for(self, *coords) -> int:
-        "The seed of stream `coords` (e.g. `SHUFFLE`, or an item index) in the current pass"
+        "The seed of stream `coords` (e.g. `SHUFFLE_STREAM`, or an item index) in the current pass"
         return derive_seed(self.seed, self.dl_idx, self.epoch, *coords)
 
     def advance(self):
@@ -104,7 +104,7 @@ def data_streams(dl) -> DataStreams|None:
     "The streams attached to `dl` by `make_deterministic`, or None"
     return dl.__dict__.get('repro_streams')
 
-# %% ../nbs/04_data.ipynb #a415ece7
+# %% ../nbs/04_data.ipynb #48c5bd59
 def _reset_order(dl):
     "Put back the canonical order of a loader that reshuffles its previous order in place (fastai's `LMDataLoader`)"
     holder = _order_holder(dl)
@@ -117,7 +117,7 @@ def randomize(self:DataLoader):
     "fastai's `randomize`; with streams, `self.rng` comes from the pass's shuffle stream"
     st = data_streams(self)
     if st is None: return _fastai['randomize'](self)
-    self.rng = random.Random(st.seed_for(SHUFFLE))
+    self.rng = random.Random(st.seed_for(SHUFFLE_STREAM))
 
 @patch
 def get_idxs(self:DataLoader):
@@ -125,9 +125,9 @@ def get_idxs(self:DataLoader):
     st = data_streams(self)
     if st is None: return _fastai['get_idxs'](self)
     if self.shuffle: _reset_order(self)
-    with _seeded(st.seed_for(SHUFFLE)): return _fastai['get_idxs'](self)
+    with _seeded(st.seed_for(SHUFFLE_STREAM)): return _fastai['get_idxs'](self)
 
-# %% ../nbs/04_data.ipynb #e3cddb2e
+# %% ../nbs/04_data.ipynb #dcb035bf
 def _pass_pos(dl, pos:int) -> int:
     "The position in the whole pass of the `pos`-th sample this process makes (fastai deals batches to workers in turn)"
     bs = dl.bs or 1
@@ -145,7 +145,7 @@ def _stream_batches(dl, st:DataStreams, samps):
     in_main = get_worker_info() is None
     for i in itertools.count(dl.offs, dl.num_workers):  # batch `i` of the pass is made by worker `i % num_workers`
         saved = _cpu_states() if in_main else None
-        if not st.per_item: _seed_cpu(st.seed_for(BATCH_ITEMS, i))
+        if not st.per_item: _seed_cpu(st.seed_for(ITEMS_STREAM, i))
         try: b = next(batches)
         except StopIteration: return
         finally:
@@ -158,13 +158,14 @@ def create_batches(self:DataLoader, samps):
     st = data_streams(self)
     return _fastai['create_batches'](self, samps) if st is None else _stream_batches(self, st, samps)
 
-# %% ../nbs/04_data.ipynb #36ba1cfc
+# %% ../nbs/04_data.ipynb #8ff31c9b
 def _stream_iter(dl, st:DataStreams):
     "fastai's `__iter__` with its worker seed from the pass's stream and each step under its batch's stream"
-    dl.fake_l.generator = torch.Generator().manual_seed(st.seed_for(WORKERS))  # picklable, so spawned workers work too
+    # the worker seed from the pass's stream; a `torch.Generator` pickles, so spawned workers work too
+    dl.fake_l.generator = torch.Generator().manual_seed(st.seed_for(WORKER_STREAM))
     cuda_gen,batches,done = _cuda_gen(dl),_fastai['__iter__'](dl),object()
     for i in itertools.count():
-        with _seeded(st.seed_for(BATCH, i), cuda_gen): b = next(batches, done)
+        with _seeded(st.seed_for(BATCH_STREAM, i), cuda_gen): b = next(batches, done)
         if b is done: break
         yield b
     st.advance()  # only a completed pass moves on: `one_batch` and `show_batch` stop after the first batch

@@ -24,6 +24,7 @@ def assert_resumed_exactly(ref, res):
         assert ref_rows[key] == res['trace']['loss'][i], key
     assert ref['values'][2:] == res['values'][2:]     # train loss (smoothed), valid loss, metrics of the resumed epochs
     assert ref['values'] == res['values']             # and the Recorder's history of the epochs before
+    assert ref['scale'] == res['scale']               # the loss-scale history (fp16), every step
 
 @pytest.mark.parametrize('kind', ['lm', 'clas'])
 def test_resume_is_bit_identical(kind, fastai_home, tmp_path):
@@ -34,3 +35,10 @@ def test_resume_is_bit_identical(kind, fastai_home, tmp_path):
     ref = torch.load(tmp_path/f'{kind}-reference.pt')
     for src in ('cancel', 'kill'):
         assert_resumed_exactly(ref, torch.load(tmp_path/f'{kind}-resume-{src}.pt'))
+
+def test_fp16_resume_is_bit_identical(fastai_home, tmp_path):
+    "fp16 on CPU (GradScaler and loss-scale history in the checkpoint): the same three-process test, LM"
+    for mode in ('reference', 'cancel', 'resume-cancel'): stage('lm', mode, tmp_path, '--fp16')
+    ref, res = (torch.load(tmp_path/f'lm-{m}-fp16.pt') for m in ('reference', 'resume-cancel'))
+    assert ref['scale'] is not None and len(ref['scale']['scale']) == len(res['scale']['scale'])
+    assert_resumed_exactly(ref, res)

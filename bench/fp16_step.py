@@ -10,7 +10,7 @@ a subclass that builds the same two objects for 'cpu' and changes nothing else. 
   and the ratio is the price of recording the loss scale.
 Step time: the training phase of a one-epoch fit divided by its iterations (validation excluded)."""
 from __future__ import annotations
-from common import *
+from _common import *
 
 TARGET = 1.01
 MLP_N, MLP_BS, MLP_WIDTH = 4096, 64, 256   # random regression data and MLP width (full run; --quick uses 1/4 of N)
@@ -39,7 +39,8 @@ def stock_cpu_mp(onednn_off:bool=False):
 def _mlp_learner(n, cbs):
     import torch
     from torch import nn
-    from fastai.basics import Learner, DataLoaders, TensorDataset, MSELossFlat
+    from torch.utils.data import TensorDataset
+    from fastai.basics import Learner, DataLoaders, MSELossFlat
     g = torch.Generator().manual_seed(SEED)
     x = torch.randn(n, MLP_WIDTH, generator=g); y = x[:, :1] * 2 + 0.1 * torch.randn(n, 1, generator=g)
     dls = DataLoaders.from_dsets(TensorDataset(x[:n*7//8], y[:n*7//8]), TensorDataset(x[n*7//8:], y[n*7//8:]), bs=MLP_BS, num_workers=0)
@@ -51,10 +52,10 @@ def _mlp_learner(n, cbs):
 def run(cfg:Config) -> list:
     from fastrepro.fp16 import ReproMixedPrecision
     from fastrepro.ulmfit import clas_learner
-    _, clas = text_data(cfg.profile)
+    _, clas = text_data(cfg.prof)
     n = MLP_N // 4 if cfg.quick else MLP_N
     cases = [('MLP on random data', lambda cbs: _mlp_learner(n, cbs), False),
-             ('ULMFiT classifier (AWD-LSTM)', lambda cbs: clas_learner(clas, cfg.profile, cbs=cbs), True)]
+             ('ULMFiT classifier (AWD-LSTM)', lambda cbs: clas_learner(clas, cfg.prof, cbs=cbs), True)]
     rows = []
     for name, mk, lstm in cases:
         learners = {}

@@ -7,7 +7,7 @@ trace (grows with the iterations trained) and the provenance, which for a dirty 
 size is also given without the patch, as for a clean tree."""
 from __future__ import annotations
 import io, os
-from common import *
+from _common import *
 
 TIME_TARGET = 1.2
 SIZE_TARGET_KB = 8   # "plus a few kilobytes"
@@ -21,13 +21,13 @@ def _state_bytes(obj) -> int:
 def run(cfg:Config) -> list:
     from fastrepro.callback import ReproCB
     from fastrepro.ulmfit import lm_learner, clas_learner
-    lm, clas = text_data(cfg.profile)
+    lm, clas = text_data(cfg.prof)
     rows, reps = [], max(cfg.reps, 5 if cfg.quick else 15)  # saves take milliseconds: more rounds are cheap
     path = cfg.out/'checkpoints'
     for task, mk, dls in [('LM', lm_learner, lm), ('classifier', clas_learner, clas)]:
-        plain = mk(dls, cfg.profile, path=path)
+        plain = mk(dls, cfg.prof, path=path)
         cb = ReproCB(seed=SEED, allow_dirty=True)
-        repro = mk(dls, cfg.profile, path=path, cbs=cb)
+        repro = mk(dls, cfg.prof, path=path, cbs=cb)
         for l in (plain, repro): quiet_fit(l)
         files = {'fastai': f'{task}_fastai', 'fastrepro': f'{task}_fastrepro'}
         learn = {'fastai': plain, 'fastrepro': repro}

@@ -8,7 +8,7 @@ Each round fits both learners for one epoch (`fit_one_cycle(1)`), alternating wh
   shows too: ULMFiT's gradual unfreezing is five such one-epoch fits.
 """
 from __future__ import annotations
-from common import *
+from _common import *
 
 TARGET, CEILING = 1.02, 1.05
 
@@ -16,14 +16,14 @@ TARGET, CEILING = 1.02, 1.05
 def measure(cfg:Config, cb_kwargs:dict|None=None, name='1 epoch') -> list:
     from fastrepro.callback import ReproCB
     from fastrepro.ulmfit import lm_learner, clas_learner
-    lm, clas = text_data(cfg.profile)
+    lm, clas = text_data(cfg.prof)
     rows = []
     for task, mk, dls in [('LM', lm_learner, lm), ('classifier', clas_learner, clas)]:
         learners = {}
         for side in ('fastai', 'fastrepro'):
             t0, t1 = timing_cbs()
             cbs = [t0, t1] + ([ReproCB(seed=SEED, allow_dirty=True, **(cb_kwargs or {}))] if side == 'fastrepro' else [])
-            learners[side] = (mk(dls, cfg.profile, cbs=cbs), t0, t1)
+            learners[side] = (mk(dls, cfg.prof, cbs=cbs), t0, t1)
         times = {s: [] for s in learners}
         def fit(side):
             learn, t0, t1 = learners[side]

@@ -3,7 +3,7 @@ streams: the ReproCB default) against fastai's own, for the LM and the classifie
 `num_workers` 0 and 2. One round is one full pass over each loader (a fresh copy of fastai's loader via `dl.new`),
 alternating which goes first; the ratio is of pass times (throughput is its inverse)."""
 from __future__ import annotations
-from common import *
+from _common import *
 
 TARGET = 1.05
 WORKERS = (0, 2)
@@ -17,7 +17,7 @@ def _pass_items(dl) -> int:
 
 def run(cfg:Config, per_item:bool=True) -> list:
     from fastrepro.data import make_deterministic
-    lm, clas = text_data(cfg.profile)
+    lm, clas = text_data(cfg.prof)
     rows = []
     for task, dls in [('LM', lm), ('classifier', clas)]:
         for nw in WORKERS:

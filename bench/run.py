@@ -1,0 +1,114 @@
+"""Run the fastrepro benchmarks: what reproducibility costs, measured against plain fastai in the same process.
+
+    python bench/run.py            # full run (at most ~10 minutes on a 2-core CPU); writes bench/RESULTS.md and bench/results.json
+    python bench/run.py --quick    # smoke run (well under a minute); too few rounds to judge targets
+    python bench/run.py --quick --out /tmp/b   # write RESULTS.md / results.json elsewhere
+    python bench/run.py --only epoch,trace     # some benchmarks only
+
+Each benchmark alternates fastrepro (B) and plain fastai (A) in one process, A B, B A, ..., a warm-up round first,
+and reports the median over rounds of the ratio B/A. torch runs with a fixed number of threads (BENCH_THREADS,
+`--threads`) so both sides get the same CPU. When RESULTS.md exists, only its part between the
+`<!-- bench:begin -->` and `<!-- bench:end -->` markers is replaced: the analysis written around it stays.
+"""
+from __future__ import annotations
+import sys, os, time, json, argparse, traceback, importlib
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import Config, Row, setup, machine_info, BENCH_THREADS, WARMUP, ROOT
+
+BENCHMARKS = {  # name -> module (each has run(cfg) -> list[Row])
+    'epoch': 'epoch_time', 'data': 'data_loading', 'checkpoint': 'checkpoint_io', 'fp16': 'fp16_step',
+    'ledger': 'ledger_io', 'trace': 'trace_cost', 'deterministic': 'determinism',
+}
+BEGIN, END = '<!-- bench:begin -->', '<!-- bench:end -->'
+HEADER = "# fastrepro benchmarks\n\nWritten by `python bench/run.py`; analysis may be added outside the markers.\n\n"
+
+
+def _fmt(x) -> str:
+    if x is None: return ''
+    return f'{x:.4g}' if abs(x) < 1e5 else f'{x:.0f}'
+
+def _verdict(r:dict) -> str:
+    if not r['target']: return ''
+    return {True: 'met', False: '**missed**', None: 'not judged'}[r['met']]
+
+def markdown(machine:dict, cfg:Config, rows:list, errors:dict, wall:float) -> str:
+    m = machine
+    out = [BEGIN, '', f"## Run of {m['date']}{' (--quick: too few rounds to judge the targets)' if cfg.quick else ''}", '',
+           '| machine | |', '|---|---|',
+           f"| CPU | {m['cpu']} ({m['logical_cpus']} logical CPUs) |",
+           f"| torch threads | {m['torch_threads']} intra-op (fixed by the benchmark), {m['interop_threads']} inter-op |",
+           f"| versions | Python {m['python']}, torch {m['torch']}, fastai {m['fastai']}, fastcore {m['fastcore']}, "
+           f"fastrepro {m['fastrepro']}, NumPy {m['numpy']} |",
+           f"| platform | {m['platform']} |", f"| code | {m['commit']} |",
+           f"| load average (1, 5, 15 min) | start {', '.join(f'{x:.2f}' for x in m['load_avg_start'])}; "
+           f"end {', '.join(f'{x:.2f}' for x in m['load_avg_end'])} |",
+           f"| rounds | {cfg.warmup} warm-up + {cfg.reps} timed per comparison (more for millisecond-scale ones); text models: "
+           f"`{cfg.profile}` profile |", f"| wall time | {wall:.0f} s |", '',
+           'A is plain fastai (or the reference named in the notes), B is fastrepro. Ratio: median over rounds of B/A, '
+           'with the smallest and largest round in brackets; above 1 means fastrepro costs more.', '',
+           '| # | case | A | B | unit | ratio B/A [min-max] | target | verdict | notes |', '|---|---|---|---|---|---|---|---|---|']
+    for r in rows:
+        ratio = '' if r['ratio'] is None else f"{r['ratio']:.3f}x [{r['ratio_lo']:.3f}-{r['ratio_hi']:.3f}]"
+        out.append(f"| {r['bench']} | {r['case']} | {_fmt(r['fastai'])} | {_fmt(r['fastrepro'])} | {r['unit']} | {ratio} | "
+                   f"{r['target']} | {_verdict(r)} | {r['note']} |")
+    if errors:
+        out += ['', '### Benchmarks that failed', '']
+        out += [f"- `{k}`: {v.strip().splitlines()[-1]}" for k, v in errors.items()]
+    out += ['', END]
+    return '\n'.join(out)
+
+
+def write_results(out:Path, machine, cfg, rows, errors, wall):
+    out.mkdir(parents=True, exist_ok=True)
+    data = dict(machine=machine, config=dict(quick=cfg.quick, reps=cfg.reps, warmup=cfg.warmup, profile=cfg.profile,
+                                             threads=cfg.threads), wall_s=wall, rows=rows, errors=errors)
+    (out/'results.json').write_text(json.dumps(data, indent=1, default=str))
+    md, block = out/'RESULTS.md', markdown(machine, cfg, rows, errors, wall)
+    text = md.read_text() if md.exists() else HEADER + BEGIN + '\n' + END + '\n'
+    if BEGIN in text and END in text:
+        text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+    else: text = text.rstrip() + '\n\n' + block + '\n'
+    md.write_text(text)
+    return md
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('--quick', action='store_true', help='smoke run: tiny models, 2 rounds')
+    p.add_argument('--out', default=str(ROOT/'bench'), help='folder for RESULTS.md and results.json (default: bench/)')
+    p.add_argument('--only', default='', help=f'comma-separated subset of {",".join(BENCHMARKS)}')
+    p.add_argument('--reps', type=int, default=None, help='timed rounds per comparison')
+    p.add_argument('--threads', type=int, default=BENCH_THREADS, help='torch intra-op threads')
+    a = p.parse_args(argv)
+    names = [n.strip() for n in a.only.split(',') if n.strip()] or list(BENCHMARKS)
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown: p.error(f'unknown benchmark(s) {unknown}; choose from {list(BENCHMARKS)}')
+    t_start = time.perf_counter()
+    out = Path(a.out)
+    cfg = Config.make(a.quick, a.reps, a.threads, out=out/'out' if a.out != str(ROOT/'bench') else None)
+    setup(cfg.threads)
+    machine = machine_info(cfg.threads)
+    print(f"fastrepro benchmarks{' (quick)' if cfg.quick else ''}: {machine['cpu']}, {machine['torch_threads']} torch thread(s), "
+          f"torch {machine['torch']}, fastai {machine['fastai']}, load average {machine['load_avg_start'][0]:.2f}", flush=True)
+    rows, errors = [], {}
+    for n in names:
+        t = time.perf_counter()
+        try:
+            mod = importlib.import_module(BENCHMARKS[n])
+            for r in mod.run(cfg):
+                print(r.line() + (f' | {r.note}' if r.note else ''), flush=True)
+                rows.append(r.__dict__)
+        except Exception:
+            errors[n] = traceback.format_exc()
+            print(f'[{n}] FAILED:\n{errors[n]}', file=sys.stderr, flush=True)
+        print(f'  ({n}: {time.perf_counter() - t:.1f} s)', flush=True)
+    machine['load_avg_end'] = os.getloadavg()
+    wall = time.perf_counter() - t_start
+    md = write_results(out, machine, cfg, rows, errors, wall)
+    print(f'wrote {md} and {out/"results.json"} in {wall:.1f} s')
+    return 1 if errors else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""End to end tests of `fastrepro demo`: the test profile's whole demo in a fresh process (report files, exit code 0, every
+check passed), and input it cannot use (exit code 2, one clear message, no traceback)."""
+import os, sys, json, subprocess
+from pathlib import Path
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO_TIMEOUT_S = 600   # the test profile takes about 1.5 minutes on a loaded 2-core CPU
+ERROR_TIMEOUT_S = 120  # bad input is refused before any training
+CHECKS = ['same seed, same bits', 'killed and resumed', 'fp16 loss scale', 'nondeterminism found', 'change over seeds', 'fast loop']
+
+
+def demo(*args, timeout=ERROR_TIMEOUT_S, **env):
+    "Run `python -m fastrepro.cli demo args` in a fresh process; the completed process"
+    env = {**os.environ, 'PYTHONPATH': os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]), 'MPLBACKEND': 'Agg', **env}
+    return subprocess.run([sys.executable, '-m', 'fastrepro.cli', 'demo', *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def assert_user_error(res, *expected):
+    "Exit code 2, one clear message on stderr, no traceback"
+    assert res.returncode == 2, (res.returncode, res.stdout[-2000:], res.stderr[-3000:])
+    assert 'Traceback' not in res.stderr + res.stdout, res.stderr
+    assert 'fastrepro demo: error:' in res.stderr, res.stderr
+    for e in expected: assert e in res.stderr, res.stderr
+
+
+def test_demo_test_profile(fastai_home, tmp_path):
+    out = tmp_path/'out'
+    res = demo('--profile', 'test', '--out', out, timeout=DEMO_TIMEOUT_S)
+    assert res.returncode == 0, (res.stdout[-5000:], res.stderr[-5000:])
+    for f in ('report.md', 'report.json', 'same_seed.png', 'fp16_loss_scale.png', 'nondeterminism.png', 'variants.png'):
+        assert (out/f).is_file() and (out/f).stat().st_size > 0, f
+    rep = json.loads((out/'report.json').read_text())
+    assert rep['passed'] and [c['check'] for c in rep['checks']] == CHECKS
+    assert all(c['passed'] for c in rep['checks']), [c['detail'] for c in rep['checks'] if not c['passed']]
+    assert rep['info']['profile'] == 'test' and 'trained from scratch' in rep['info']['weights']
+    for c in CHECKS: assert c in res.stdout                      # the report table
+    assert '6/6 checks passed' in res.stdout
+    md = (out/'report.md').read_text()
+    assert '| check | result | detail | seconds |' in md and '![fp16 loss scale](fp16_loss_scale.png)' in md
+    assert (out/'traces'/'stray_draw.trace').is_file()
+
+
+@pytest.fixture
+def csv(tmp_path, fastai_home):
+    "Write a CSV of `n` IMDB-sample texts, changed by `f`; its path"
+    texts = pd.read_csv(fastai_home/'data'/'imdb_sample'/'texts.csv')
+    def _write(name, f=lambda df: df, n=200):
+        p = tmp_path/name
+        f(texts.head(n)[['text', 'label', 'is_valid']]).to_csv(p, index=False)
+        return p
+    return _write
+
+
+def test_missing_columns(csv, tmp_path):
+    p = csv('cols.csv', lambda df: df.rename(columns={'label': 'sentiment'}))
+    assert_user_error(demo('--profile', 'test', '--data', p, '--out', tmp_path/'o'), "no 'label' column", 'sentiment')
+
+
+def test_one_class(csv, tmp_path):
+    p = csv('one.csv', lambda df: df.assign(label='positive'))
+    assert_user_error(demo('--profile', 'test', '--data', p, '--out', tmp_path/'o'), 'at least two classes')
+
+
+def test_empty_file(tmp_path):
+    (tmp_path/'empty.csv').write_text('')
+    assert_user_error(demo('--profile', 'test', '--data', tmp_path/'empty.csv', '--out', tmp_path/'o'), 'is empty')
+
+
+def test_header_only(tmp_path):
+    (tmp_path/'header.csv').write_text('text,label\n')
+    assert_user_error(demo('--profile', 'test', '--data', tmp_path/'header.csv', '--out', tmp_path/'o'), 'no row with both')
+
+
+def test_unreadable(tmp_path):
+    (tmp_path/'binary.csv').write_bytes(bytes(range(256)) * 8)
+    assert_user_error(demo('--profile', 'test', '--data', tmp_path/'binary.csv', '--out', tmp_path/'o'), 'cannot be read as a CSV')
+    assert_user_error(demo('--profile', 'test', '--data', tmp_path/'nowhere.csv', '--out', tmp_path/'o'), 'no such file')
+
+
+def test_bad_split(csv, tmp_path):
+    p = csv('split.csv', lambda df: df.assign(is_valid='sometimes'))
+    assert_user_error(demo('--profile', 'test', '--data', p, '--out', tmp_path/'o'), "'is_valid' must be True/False")
+
+
+def test_too_little_text(csv, tmp_path):
+    p = csv('small.csv', lambda df: df.assign(is_valid=[False]*9 + [True]*3), n=12)
+    assert_user_error(demo('--profile', 'fast', '--data', p, '--out', tmp_path/'o'), 'too little text for the fast profile')
+
+
+def test_bad_arguments(tmp_path):
+    assert_user_error(demo('--profile', 'huge', '--out', tmp_path/'o'), "Unknown profile 'huge'")
+    assert_user_error(demo('--profile', 'test', '--seeds', '1', '--out', tmp_path/'o'), 'at least 2')
+    (tmp_path/'file').write_text('x')
+    assert_user_error(demo('--profile', 'test', '--out', tmp_path/'file'), 'is not a folder')
+
+
+def test_no_imdb_sample(tmp_path):
+    "No IMDB sample, no project copy (the process runs outside the project) and no network: the message says how to provide it"
+    env = dict(FASTAI_HOME=str(tmp_path/'empty_home'), no_proxy='', https_proxy='http://127.0.0.1:9', http_proxy='http://127.0.0.1:9',
+               HTTPS_PROXY='http://127.0.0.1:9', HTTP_PROXY='http://127.0.0.1:9')
+    env = {**os.environ, 'PYTHONPATH': os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]), **env}
+    res = subprocess.run([sys.executable, '-m', 'fastrepro.cli', 'demo', '--profile', 'test', '--out', str(tmp_path/'o')],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=ERROR_TIMEOUT_S)
+    assert_user_error(res, 'The IMDB sample is not available', 'imdb_sample/texts.csv', '--data')
