@@ -15,8 +15,8 @@ from fastai.data.load import DataLoader
 from .rng import derive_seed, NUMPY_SEED_MOD, _loaders, _order_holder
 
 # %% auto #0
-__all__ = ['SHUFFLE_STREAM', 'WORKER_STREAM', 'BATCH_STREAM', 'ITEMS_STREAM', 'DataStreams', 'data_streams', 'make_deterministic',
-           'undo_deterministic', 'set_epoch']
+__all__ = ['SHUFFLE_STREAM', 'WORKER_STREAM', 'BATCH_STREAM', 'ITEMS_STREAM', 'DataStreams', 'data_streams', 'items_draw',
+           'make_deterministic', 'undo_deterministic', 'set_epoch']
 
 # %% ../nbs/04_data.ipynb #b34468fb
 SHUFFLE_STREAM = 'shuffle' # a pass's order: `dl.rng`, and the global generators while `get_idxs` runs
@@ -176,15 +176,26 @@ def __iter__(self:DataLoader):
     st = data_streams(self)
     return _fastai['__iter__'](self) if st is None else _stream_iter(self, st)
 
-# %% ../nbs/04_data.ipynb #380706a3
+# %% ../nbs/04_data.ipynb #01d3b410
+def items_draw(dl) -> bool:
+    "Can `dl`'s items draw random numbers? False only for fastai's text loaders without a `RandTransform` per item"
+    from fastai.text.data import LMDataLoader, SortedDL
+    from fastai.vision.augment import RandTransform
+    if not isinstance(dl, (LMDataLoader, SortedDL)): return True
+    tfms = list(getattr(getattr(dl, 'after_item', None), 'fs', []))
+    tls = getattr(getattr(dl, 'dataset', None), 'tls', [])
+    tfms += [f for tl in tls for f in getattr(getattr(tl, 'tfms', None), 'fs', [])]
+    return any(isinstance(f, RandTransform) for f in tfms)
+
 def make_deterministic(dls, # a `DataLoaders`, one `DataLoader`, or a list of them
                        seed:int, # the run seed
-                       per_item:bool=True, # seed before each item (True) or once per batch (False, cheaper)
+                       per_item:bool|None=True, # seed before each item (True), once per batch (False), or None: per item where items can draw (`items_draw`)
                        epoch=0, # the first pass coordinate
                       ):
     "Make each DataLoader of `dls` draw its order, items and worker seeds from streams of `seed`; returns `dls`"
     for i, dl in enumerate(_loaders(dls)):
-        dl.__dict__['repro_streams'] = DataStreams(seed, epoch=epoch, per_item=per_item, dl_idx=i)
+        item = items_draw(dl) if per_item is None else per_item
+        dl.__dict__['repro_streams'] = DataStreams(seed, epoch=epoch, per_item=item, dl_idx=i)
     return dls
 
 def undo_deterministic(dls):
