@@ -117,15 +117,19 @@ def compare_row(bench, case, unit, base:list, repro:list, target='', limit=None,
 
 
 # -- timing callbacks ------------------------------------------------------------------------------------------------
-def timing_cbs():
-    "Two callbacks that bracket every other one: `start` (order -1000) and `end` (order 1000) stamp the events"
+def timing_cbs(sync:bool=False):
+    """Two callbacks that bracket every other one: `start` (order -1000) and `end` (order 1000) stamp the events.
+    `sync`: wait for the GPU before each stamp (CUDA runs asynchronously)"""
     from fastai.callback.core import Callback
+    import torch
     class _Stamp(Callback):
         run_valid = True
         def __init__(self, order, events):
             self.order, self.stamps = order, {}
             for e in events: setattr(self, e, functools.partial(self._stamp, e))
-        def _stamp(self, e): self.stamps.setdefault(e, []).append(time.perf_counter())
+        def _stamp(self, e):
+            if sync: torch.cuda.synchronize()
+            self.stamps.setdefault(e, []).append(time.perf_counter())
     start = _Stamp(-1000, ['before_fit', 'before_epoch', 'before_train'])
     end = _Stamp(1000, ['after_train', 'after_epoch', 'after_fit'])
     return start, end
