@@ -35,7 +35,7 @@ __all__ = ['SEED', 'N_SEEDS', 'CPU_THREADS', 'KILL_AFTER_EPOCH', 'RESUME_SEED_OF
            'state_digest', 'RunRecord', 'same_run', 'ULMFiTRun', 'Demo', 'KillAfter', 'resume_job', 'StrayDraw', 'arms',
            'profile_table', 'module_types', 'format_table', 'report_markdown', 'run_demo']
 
-# %% ../nbs/12_demo.ipynb #530caa2a
+# %% ../nbs/12_demo.ipynb #8b6f2714
 SEED = 42                # the demo's run seed
 N_SEEDS = MIN_SEEDS      # seeds per arm of check 5 (fewer give no usable estimate of the spread)
 CPU_THREADS = 1          # torch CPU threads of every run and subprocess of the demo (None: leave torch's default)
@@ -78,11 +78,12 @@ class CheckResult:
         r = self.row()
         return f"**{r['check']}: {r['result']}** ({r['seconds']} s)\n\n{r['detail']}"
 
-# %% ../nbs/12_demo.ipynb #ffabcd20
+# %% ../nbs/12_demo.ipynb #73e97525
 def demo_check(title:str, # the check's name in the report
          ):
     "Decorator making a `Demo` method that returns `(passed, detail, artifacts)` a check: run under the demo's CPU threads, timed, a `CheckResult`"
     def _deco(f):
+        f.__qualname__ = f'Demo.{f.__name__}'  # the name its docs show
         @functools.wraps(f)
         def _check(self, *args, **kwargs) -> CheckResult:
             t0 = time.perf_counter()
@@ -195,10 +196,11 @@ def pretrained_weights(profile:str|Profile, # the profile to run
     except Exception as e: return False, f"trained from scratch: the WT103 download failed ({type(e).__name__}: {e})"
     return True, "fine-tuned from fastai's WT103 weights (downloaded)"
 
-# %% ../nbs/12_demo.ipynb #b33173a3
+# %% ../nbs/12_demo.ipynb #d94182c5
 Stage = namedtuple('Stage', 'freeze_to n_epoch lr')  # one `fit_one_cycle`: `learn.freeze_to(freeze_to)` (0: all layers), epochs, lr (a slice: discriminative)
 CLAS_RECIPE = ((-1, 1, 1.), (-2, 1, 1/2), (-3, 1, 1/4), (0, 2, 1/20))  # fastai's gradual unfreezing: (freeze_to, epochs, lr / clas_lr)
 
+# %% ../nbs/12_demo.ipynb #83317a07
 def lm_stages(profile:str|Profile, # the profile
               pretrained:bool, # whether the language model starts from WT103 weights
              ) -> list:
@@ -569,7 +571,7 @@ def _plot_arms(runs:pd.DataFrame, metric:str=METRIC):
 
 def _jsonable(df:pd.DataFrame) -> list: return json.loads(df.reset_index().to_json(orient='records'))
 
-# %% ../nbs/12_demo.ipynb #f26ddbbe
+# %% ../nbs/12_demo.ipynb #6896bcd1
 @patch
 @demo_check('change over seeds')
 def variants(self:Demo):
@@ -590,32 +592,31 @@ def variants(self:Demo):
     detail = (f"{METRIC} over {len(seeds)} seeds per arm: {names[1]} vs baseline: {res.mean_diff:+.4f} "
               f"(95% CI [{res.ci[0]:+.4f}, {res.ci[1]:+.4f}], p={res.p_value:.2g}): {res.verdict}. Ablation: {abl_text}. "
               f"seeds_needed to detect a difference of {abs(res.mean_diff):.4f} (power 0.8): {n_needed} per arm.")
-    if caught: detail += ' Warnings: ' + ' '.join(str(w.message) for w in caught)
+    if caught: detail += ' Warnings: ' + ' '.join(dict.fromkeys(str(w.message) for w in caught))
     if not all(spread.values()): detail += f" Some arm gave the same {METRIC} for every seed: is the seed used? {spread}"
     arts = dict(plot=self._plot(_plot_arms(runs), 'variants'), runs=_jsonable(runs.drop(columns='run_id', errors='ignore')),
                 compare=res.to_dict(), ablation=_jsonable(abl), seeds_needed=n_needed)
     return all(spread.values()), detail, arts
 
-# %% ../nbs/12_demo.ipynb #007e75bc
+# %% ../nbs/12_demo.ipynb #b7db8761
 def _classifier_model(p:Profile, vocab_sz:int, n_class:int):
     return get_text_classifier(AWD_LSTM, vocab_sz, n_class, config=p.awd_config(clas=True), drop_mult=p.drop_mult)
 
 def profile_table(vocab_sz:int, # the vocabulary size of the models counted
                   n_class:int=2, # classes of the classifiers counted
-                  names=tuple(PROFILES), # the profiles, one column each
+                  profiles=tuple(PROFILES), # the profiles (names or `Profile`s), one column each
                  ) -> pd.DataFrame:
     "Settings of the profiles side by side: data, AWD-LSTM size, parameters, weights and schedules"
     rows = {}
-    for n in names:
-        p = get_profile(n)
-        rows[n] = {'texts': p.n_texts or 'all', 'characters per text': p.max_chars or 'all', 'LM batch x sequence': f"{p.lm_bs} x {p.seq_len}",
+    for p in map(get_profile, profiles):
+        rows[p.name] = {'texts': p.n_texts or 'all', 'characters per text': p.max_chars or 'all', 'LM batch x sequence': f"{p.lm_bs} x {p.seq_len}",
                    'classifier batch': p.clas_bs, 'AWD-LSTM emb / hidden / layers': f"{p.emb_sz} / {p.n_hid} / {p.n_layers}",
                    'classifier parameters': f"{sum(t.numel() for t in _classifier_model(p, vocab_sz, n_class).parameters()):,}",
                    'weights': 'WT103 (pretrained)' if p.pretrained else 'from scratch',
                    'language model': _fmt_stages(lm_stages(p, p.pretrained)), 'classifier': _fmt_stages(clas_stages(p))}
     return pd.DataFrame(rows)
 
-# %% ../nbs/12_demo.ipynb #888773e0
+# %% ../nbs/12_demo.ipynb #31126f66
 def module_types(model) -> set:
     "The class names of all modules of `model`: what its architecture is made of, whatever its size"
     return {type(m).__name__ for m in model.modules()}
@@ -627,14 +628,16 @@ def fast_loop(self:Demo):
     ref, full = self.reference, get_profile('full')
     fast = self.profile if self.profile.name != 'full' else get_profile('fast')
     n_class = self.df[LABEL_COL].nunique()
-    tbl = profile_table(len(ref.vocab), n_class)
+    tbl = profile_table(len(ref.vocab), n_class, [*PROFILES.values()] + ([] if fast.name in PROFILES else [fast]))
     ta, tb = (module_types(_classifier_model(p, len(ref.vocab), n_class)) for p in (fast, full))
     n = lambda p: int(tbl.loc['classifier parameters', p.name].replace(',', ''))
+    col = lambda p, row: tbl.loc[row, p.name]
+    diff = [f"{row} {col(fast, row)} instead of {col(full, row)}" for row in tbl.index
+            if row != 'classifier parameters' and col(fast, row) != col(full, row)]
     detail = (f"The {fast.name} profile keeps the full one's AWD-LSTM ({len(ta)} module types, "
               f"{'the same' if ta == tb else 'NOT the same: ' + str(sorted(ta ^ tb))}), tokenizer, vocabulary and ULMFiT path "
               f"(LM -> save_encoder -> load_encoder -> classifier, fit_one_cycle); it is {n(full)/n(fast):.0f}x smaller "
-              f"({n(fast):,} vs {n(full):,} classifier parameters), uses {fast.n_texts or 'all'} texts instead of {full.n_texts or 'all'}, "
-              f"trains from scratch instead of from WT103, and one fit per stage instead of gradual unfreezing. "
+              f"({n(fast):,} vs {n(full):,} classifier parameters). It differs in: {'; '.join(diff) or 'nothing else'}. "
               f"Here, run A of the {self.profile.name} profile took {ref.seconds:.0f} s on {ref.device}.")
     return ta == tb, detail, dict(profiles=json.loads(tbl.to_json()))
 
