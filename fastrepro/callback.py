@@ -55,7 +55,7 @@ def data_fingerprint(dls) -> str:
         parts.append((len(getattr(dl, 'dataset', [])), h))
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
-# %% ../nbs/03_callback.ipynb #cadfa0a6
+# %% ../nbs/03_callback.ipynb #c398febe
 class _Trace:
     "Per-iteration training losses and periodic parameter fingerprints; no GPU sync per step"
     def __init__(self): self.fit, self.epoch, self.iter, self.loss, self._pending, self.fp_rows, self.fp, self.fp_names = [], [], [], [], [], [], [], None
@@ -74,20 +74,34 @@ class _Trace:
             fp = pd.DataFrame(np.array(self.fp, dtype=np.float32), columns=[f'{FP_PREFIX}{n}' for n in self.fp_names], index=self.fp_rows)
             df = df.join(fp)
         return df
-    def state_dict(self) -> dict: return trace_columns(self.frame())
+    def state_dict(self) -> dict:
+        "The trace as columns of tensors (`trace_columns`' layout), built without pandas: this runs at every save"
+        self.flush()
+        cols = {'fit': torch.tensor(self.fit, dtype=torch.int64), 'epoch': torch.tensor(self.epoch, dtype=torch.int64),
+                'iter': torch.tensor(self.iter, dtype=torch.int64), 'loss': torch.tensor(self.loss, dtype=torch.float32)}
+        if self.fp_names:
+            fp = torch.full((len(self.fit), len(self.fp_names)), float('nan'))
+            if self.fp: fp[torch.tensor(self.fp_rows)] = torch.tensor(self.fp, dtype=torch.float32)
+            cols.update({f'{FP_PREFIX}{n}': fp[:, i].clone() for i, n in enumerate(self.fp_names)})
+        return cols
     def load_state_dict(self, d:dict):
-        df = trace_from_columns(d)
-        self.fit, self.epoch, self.iter, self.loss = [df[c].tolist() for c in ('fit', 'epoch', 'iter', 'loss')]
-        fps = [c for c in df.columns if c.startswith(FP_PREFIX)]
+        self.fit, self.epoch, self.iter, self.loss = [torch.as_tensor(d[c]).tolist() for c in ('fit', 'epoch', 'iter', 'loss')]
+        fps = [c for c in d if c.startswith(FP_PREFIX)]
         self.fp_names = [c[len(FP_PREFIX):] for c in fps] or None
-        rows = df[fps[0]].notna() if fps else pd.Series(False, index=df.index)
-        self.fp_rows, self.fp, self._pending = list(df.index[rows]), df.loc[rows, fps].values.tolist(), []
+        if fps:
+            fp = torch.stack([torch.as_tensor(d[c], dtype=torch.float32) for c in fps], 1)
+            rows = (~fp[:, 0].isnan()).nonzero().flatten()
+            self.fp_rows, self.fp = rows.tolist(), fp[rows].tolist()
+        else: self.fp_rows, self.fp = [], []
+        self._pending = []
 
-# %% ../nbs/03_callback.ipynb #eeef9932
+# %% ../nbs/03_callback.ipynb #b03c5497
+def _plain_tensor(t): return torch.as_tensor(t).detach().as_subclass(Tensor).cpu()
+
 def _recorder_state(rec) -> dict:
     sl = rec.smooth_loss
-    return {'smooth_count': sl.count, 'smooth_val': sl.val.detach().cpu().clone(),
-            'losses': torch.stack([torch.as_tensor(o).detach().cpu() for o in rec.losses]) if rec.losses else torch.zeros(0),
+    return {'smooth_count': sl.count, 'smooth_val': _plain_tensor(sl.val).clone(),
+            'losses': _plain_tensor(torch.stack(rec.losses)) if rec.losses else torch.zeros(0),
             'lrs': [float(o) for o in rec.lrs], 'iters': [int(o) for o in rec.iters],
             'values': [[float(v) for v in vals] for vals in rec.values]}
 

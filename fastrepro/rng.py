@@ -82,21 +82,26 @@ def seed_everything(seed:int, # seed for every generator
     seed_global(seed)
     return deterministic_switches()
 
-# %% ../nbs/01_rng.ipynb #12ca673e
+# %% ../nbs/01_rng.ipynb #a26ef2b6
+def _pack_u32(words) -> Tensor:
+    "Mersenne-Twister words (uint32) as an int32 tensor of the same bits: half the size of int64, `weights_only`-safe"
+    return torch.from_numpy(np.asarray(words, dtype=np.uint32).view(np.int32).copy())
+
+def _unpack_u32(t:Tensor) -> np.ndarray: return t.numpy().view(np.uint32)
+
 def _py_state(r=random) -> dict:
     version, internal, gauss_next = r.getstate()
-    return {'version': version, 'state': torch.tensor(internal, dtype=torch.int64), 'gauss_next': gauss_next}
+    return {'version': version, 'state': _pack_u32(internal), 'gauss_next': gauss_next}
 
 def _set_py_state(d:dict, r=random):
-    r.setstate((d['version'], tuple(d['state'].tolist()), d['gauss_next']))
+    r.setstate((d['version'], tuple(_unpack_u32(d['state']).tolist()), d['gauss_next']))
 
 def _np_state() -> dict:
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {'kind': kind, 'keys': torch.from_numpy(keys.astype(np.int64)), 'pos': int(pos),
-            'has_gauss': int(has_gauss), 'cached_gaussian': float(cached)}
+    return {'kind': kind, 'keys': _pack_u32(keys), 'pos': int(pos), 'has_gauss': int(has_gauss), 'cached_gaussian': float(cached)}
 
 def _set_np_state(d:dict):
-    np.random.set_state((d['kind'], d['keys'].numpy().astype(np.uint32), d['pos'], d['has_gauss'], d['cached_gaussian']))
+    np.random.set_state((d['kind'], _unpack_u32(d['keys']), d['pos'], d['has_gauss'], d['cached_gaussian']))
 
 # %% ../nbs/01_rng.ipynb #e5c2eda1
 def _order_holder(dl):
