@@ -1,7 +1,10 @@
-"""Benchmark 2: data-loading throughput of the deterministic loaders (`make_deterministic(dl, seed)`, per-item
-streams: the ReproCB default) against fastai's own, for the LM and the classifier training loaders, with
-`num_workers` 0 and 2. One round is one full pass over each loader (a fresh copy of fastai's loader via `dl.new`),
-alternating which goes first; the ratio is of pass times (throughput is its inverse)."""
+"""Benchmark 2: data-loading throughput of the deterministic loaders (`make_deterministic(dl, seed, per_item=...)`)
+against fastai's own, for the LM and the classifier training loaders, with `num_workers` 0 and 2, in two modes:
+- per_item=None, ReproCB's default: streams per item only where items can draw random numbers (`items_draw`);
+  fastai's text loaders without a per-item `RandTransform` get one stream per batch;
+- per_item=True: a stream per item whatever the loader (the most expensive mode).
+One round is one full pass over each loader (copies of fastai's loader via `dl.new`), alternating which goes
+first; the ratio is of pass times (throughput is its inverse)."""
 from __future__ import annotations
 from _common import *
 
@@ -15,28 +18,33 @@ def _pass_items(dl) -> int:
     return n
 
 
-def run(cfg:Config, per_item:bool=True) -> list:
-    from fastrepro.data import make_deterministic
-    lm, clas = text_data(cfg.prof)
-    rows = []
+MODES = {None: 'per_item=None (ReproCB default)', True: 'per_item=True'}
+
+
+def run(cfg:Config) -> list:
+    from fastrepro.data import make_deterministic, data_streams
+    lm, clas = text_data(cfg.larger)
+    rows, reps = [], max(cfg.reps, 3 if cfg.quick else 7)  # passes are short: more rounds are cheap
     for task, dls in [('LM', lm), ('classifier', clas)]:
         for nw in WORKERS:
             plain = dls.train.new(num_workers=nw)
-            det = make_deterministic(dls.train.new(num_workers=nw), SEED, per_item=per_item)
+            det = {m: make_deterministic(dls.train.new(num_workers=nw), SEED, per_item=m) for m in MODES}
             n_items = _pass_items(plain)
-            res = interleave({'fastai': lambda: _pass_items(plain) and None, 'fastrepro': lambda: _pass_items(det) and None},
-                             cfg.reps, cfg.warmup)
-            kind = 'per-item streams' if per_item else 'per-batch streams'
-            r = compare_row('2 data', f'{task} train loader, num_workers={nw}, {kind}: pass time ({n_items} items)', 's',
-                            res['fastai'], res['fastrepro'], f'<= {TARGET}x', TARGET if per_item else None, quick=cfg.quick)
-            r.note = f"throughput fastai {n_items/r.fastai:.0f} items/s, fastrepro {n_items/r.fastrepro:.0f} items/s"
-            rows.append(r)
+            fns = {'fastai': lambda: timed(lambda: _pass_items(plain))}
+            fns.update({m: (lambda m=m: timed(lambda: _pass_items(det[m]))) for m in MODES})
+            res = interleave(fns, reps, cfg.warmup)
+            for m, kind in MODES.items():
+                got = 'per item' if data_streams(det[m]).per_item else 'per batch'
+                (a, b), (ca, cb) = pair(res, 'fastai', m, 'wall'), pair(res, 'fastai', m, 'cpu')
+                r = compare_row('2 data', f'{task} train loader, num_workers={nw}, {kind}: pass time ({n_items} items; '
+                                f'streams {got})', 's', a, b, f'<= {TARGET}x', TARGET, quick=cfg.quick, cpu_base=ca, cpu_repro=cb)
+                r.note = f"throughput fastai {n_items/r.fastai:.0f} items/s, fastrepro {n_items/r.fastrepro:.0f} items/s"
+                rows.append(r)
     return rows
 
 
 if __name__ == '__main__':
     import argparse
-    p = argparse.ArgumentParser(); p.add_argument('--quick', action='store_true'); p.add_argument('--per-batch', action='store_true')
-    a = p.parse_args()
+    p = argparse.ArgumentParser(); p.add_argument('--quick', action='store_true'); a = p.parse_args()
     cfg = Config.make(a.quick); setup(cfg.threads)
-    for r in run(cfg, per_item=not a.per_batch): print(r.line(), '|', r.note)
+    for r in run(cfg): print(r.line(), '|', r.note)

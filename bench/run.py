@@ -11,7 +11,7 @@ and reports the median over rounds of the ratio B/A. torch runs with a fixed num
 `<!-- bench:begin -->` and `<!-- bench:end -->` markers is replaced: the analysis written around it stays.
 """
 from __future__ import annotations
-import sys, os, time, json, argparse, traceback, importlib
+import sys, os, time, json, argparse, traceback, importlib, threading
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Config, Row, setup, machine_info, BENCH_THREADS, WARMUP, ROOT
@@ -21,6 +21,8 @@ BENCHMARKS = {  # name -> module (each has run(cfg) -> list[Row])
     'ledger': 'ledger_io', 'trace': 'trace_cost', 'deterministic': 'determinism',
 }
 BEGIN, END = '<!-- bench:begin -->', '<!-- bench:end -->'
+QUIET_START = 1.5   # start a full run only below this 1-minute load average (2 cores); run.py warns above it
+QUIET_DURING = 2.0  # ... and judge it on wall time only if the load stays below this (the benchmark itself adds about 1)
 HEADER = "# fastrepro benchmarks\n\nWritten by `python bench/run.py`; analysis may be added outside the markers.\n\n"
 
 
@@ -30,7 +32,9 @@ def _fmt(x) -> str:
 
 def _verdict(r:dict) -> str:
     if not r['target']: return ''
-    return {True: 'met', False: '**missed**', None: 'not judged'}[r['met']]
+    v = {True: 'met', False: '**missed**', None: 'not judged'}
+    if r.get('basis') == 'cpu': return f"{v[r['met_cpu']]} (CPU time; wall: {v[r['met']].strip('*')})"
+    return v[r['met']]
 
 def markdown(machine:dict, cfg:Config, rows:list, errors:dict, wall:float) -> str:
     m = machine
@@ -42,21 +46,35 @@ def markdown(machine:dict, cfg:Config, rows:list, errors:dict, wall:float) -> st
            f"fastrepro {m['fastrepro']}, NumPy {m['numpy']} |",
            f"| platform | {m['platform']} |", f"| code | {m['commit']} |",
            f"| load average (1, 5, 15 min) | start {', '.join(f'{x:.2f}' for x in m['load_avg_start'])}; "
-           f"end {', '.join(f'{x:.2f}' for x in m['load_avg_end'])} |",
-           f"| rounds | {cfg.warmup} warm-up + {cfg.reps} timed per comparison (more for millisecond-scale ones); text models: "
-           f"`{cfg.profile}` profile |", f"| wall time | {wall:.0f} s |", '',
-           'A is plain fastai (or the reference named in the notes), B is fastrepro. Ratio: median over rounds of B/A, '
-           'with the smallest and largest round in brackets; above 1 means fastrepro costs more.', '',
-           '| # | case | A | B | unit | ratio B/A [min-max] | target | verdict | notes |', '|---|---|---|---|---|---|---|---|---|']
+           f"end {', '.join(f'{x:.2f}' for x in m['load_avg_end'])}; highest 1-minute value seen "
+           f"{m['load_max']:.2f} ({'quiet: verdicts on wall time' if m['quiet'] else f'busy (>= {QUIET_DURING} while running, or >= {QUIET_START} at the start): verdicts on CPU time where measured'}) |",
+           f"| rounds | {cfg.warmup} warm-up + {cfg.reps} timed per comparison unless a row says otherwise; text models: "
+           f"`{cfg.profile}` profile, and `{cfg.larger.name}` where a row says so |", f"| wall time | {wall:.0f} s |", '',
+           'A is plain fastai (or the reference named in the notes), B is fastrepro; A and B are medians of wall time. '
+           'Ratio: median over rounds of B/A, with the smallest and largest round in brackets; above 1 means fastrepro '
+           'costs more. CPU-time ratio: the same in CPU seconds of the process and its finished DataLoader workers, '
+           'which other processes on the machine disturb far less than wall time.', '',
+           '| # | case | A | B | unit | ratio B/A [min-max] | CPU-time ratio [min-max] | target | verdict | notes |',
+           '|---|---|---|---|---|---|---|---|---|---|']
     for r in rows:
         ratio = '' if r['ratio'] is None else f"{r['ratio']:.3f}x [{r['ratio_lo']:.3f}-{r['ratio_hi']:.3f}]"
-        out.append(f"| {r['bench']} | {r['case']} | {_fmt(r['fastai'])} | {_fmt(r['fastrepro'])} | {r['unit']} | {ratio} | "
+        cpu = '' if r.get('cpu_ratio') is None else f"{r['cpu_ratio']:.3f}x [{r['cpu_lo']:.3f}-{r['cpu_hi']:.3f}]"
+        out.append(f"| {r['bench']} | {r['case']} | {_fmt(r['fastai'])} | {_fmt(r['fastrepro'])} | {r['unit']} | {ratio} | {cpu} | "
                    f"{r['target']} | {_verdict(r)} | {r['note']} |")
     if errors:
         out += ['', '### Benchmarks that failed', '']
         out += [f"- `{k}`: {v.strip().splitlines()[-1]}" for k, v in errors.items()]
     out += ['', END]
     return '\n'.join(out)
+
+
+class LoadSampler(threading.Thread):
+    "Samples the 1-minute load average every `every` seconds while the benchmarks run"
+    def __init__(self, every=5.0):
+        super().__init__(daemon=True); self.every, self.samples, self._stop_ev = every, [os.getloadavg()[0]], threading.Event()
+    def run(self):
+        while not self._stop_ev.wait(self.every): self.samples.append(os.getloadavg()[0])
+    def stop(self): self._stop_ev.set(); self.samples.append(os.getloadavg()[0]); return self.samples
 
 
 def write_results(out:Path, machine, cfg, rows, errors, wall):
@@ -91,7 +109,11 @@ def main(argv=None) -> int:
     machine = machine_info(cfg.threads)
     print(f"fastrepro benchmarks{' (quick)' if cfg.quick else ''}: {machine['cpu']}, {machine['torch_threads']} torch thread(s), "
           f"torch {machine['torch']}, fastai {machine['fastai']}, load average {machine['load_avg_start'][0]:.2f}", flush=True)
-    rows, errors = [], {}
+    rows, errors, loads = [], {}, [machine['load_avg_start'][0]]
+    sampler = LoadSampler(); sampler.start()
+    if loads[0] >= QUIET_START and not cfg.quick:
+        print(f"warning: the 1-minute load average is {loads[0]:.2f} (>= {QUIET_START}): other work on this machine will "
+              "disturb the timings; wall-time verdicts need a quiet machine, so CPU-time ones will be used.", flush=True)
     for n in names:
         t = time.perf_counter()
         try:
@@ -102,8 +124,16 @@ def main(argv=None) -> int:
         except Exception:
             errors[n] = traceback.format_exc()
             print(f'[{n}] FAILED:\n{errors[n]}', file=sys.stderr, flush=True)
-        print(f'  ({n}: {time.perf_counter() - t:.1f} s)', flush=True)
+        loads.append(os.getloadavg()[0])
+        print(f'  ({n}: {time.perf_counter() - t:.1f} s, load average {loads[-1]:.2f})', flush=True)
     machine['load_avg_end'] = os.getloadavg()
+    loads += sampler.stop()
+    machine['load_max'] = max(loads)
+    machine['quiet'] = loads[0] < QUIET_START and max(loads) < QUIET_DURING
+    for r in rows: r['basis'] = 'cpu' if not machine['quiet'] and r.get('cpu_ratio') is not None else 'wall'
+    if not machine['quiet']:
+        print(f"The machine was busy (1-minute load average up to {machine['load_max']:.2f}): targets are judged on CPU time "
+              "where it was measured.")
     wall = time.perf_counter() - t_start
     md = write_results(out, machine, cfg, rows, errors, wall)
     print(f'wrote {md} and {out/"results.json"} in {wall:.1f} s')

@@ -22,12 +22,15 @@ def run(cfg:Config) -> list:
     def epoch(n):
         learn, t0, t1 = learners[n]
         quiet_fit(learn)
-        return fit_times(t0, t1)['train']
+        t = fit_times(t0, t1)
+        return dict(wall=t['train'], cpu=t['train_cpu'])
     res = interleave({n: (lambda n=n: epoch(n)) for n in learners}, cfg.reps, cfg.warmup)
     rows = []
     for n in INTERVALS:
+        (a, b), (ca, cb) = pair(res, 0, n, 'wall'), pair(res, 0, n, 'cpu')
         r = compare_row('6 trace', f'LM, trace_every={n}{" (default)" if n == TRACE_EVERY else ""} vs off: training time per epoch '
-                        f'({n_iter} iterations, {n_iter // n + (n_iter % n > 0)} fingerprints)', 's', res[0], res[n], quick=cfg.quick)
+                        f'({n_iter} iterations, {n_iter // n + (n_iter % n > 0)} fingerprints)', 's', a, b, quick=cfg.quick,
+                        cpu_base=ca, cpu_repro=cb)
         r.note = 'fastai column: trace_every=0 (losses only)'
         rows.append(r)
     # one fingerprint on its own, as ReproCB.after_batch computes it
@@ -36,7 +39,7 @@ def run(cfg:Config) -> list:
         names, params = zip(*[(k, p) for k, p in model.named_parameters()])
         torch.stack(torch._foreach_norm([p.detach() for p in params])).float()
     fp = interleave({'fp': lambda: (fingerprint(), None)[1]}, 200, 10)['fp']
-    step = median(res[0]) / n_iter
+    step = median([o['wall'] for o in res[0]]) / n_iter
     rows.append(Row('6 trace', f'one fingerprint ({len(list(model.parameters()))} parameter tensors, '
                     f'{sum(p.numel() for p in model.parameters())} values)', 'us', median(fp)*1e6,
                     note=f'{median(fp)/step*100:.2f}% of one training step ({step*1e3:.1f} ms)'))
