@@ -12,9 +12,9 @@ from fastai.basics import *
 from fastai.data.load import DataLoader
 
 # %% auto #0
-__all__ = ['SEED_BITS', 'NUMPY_SEED_MOD', 'CUBLAS_WORKSPACE', 'derive_seed', 'seed_global', 'deterministic_switches',
-           'set_switches', 'set_deterministic', 'seed_everything', 'loader_state', 'set_loader_state', 'rng_states',
-           'restore_rng_states']
+__all__ = ['SEED_BITS', 'NUMPY_SEED_MOD', 'CUBLAS_WORKSPACE', 'FILL_UNINITIALIZED', 'derive_seed', 'seed_global',
+           'deterministic_switches', 'set_switches', 'set_deterministic', 'seed_everything', 'loader_state',
+           'set_loader_state', 'rng_states', 'restore_rng_states']
 
 # %% ../nbs/01_rng.ipynb #bd454b04
 SEED_BITS = 63       # derived seeds are non-negative and fit torch's int64 seed
@@ -27,8 +27,11 @@ def derive_seed(seed:int, # the run seed
     h = hashlib.blake2b(repr((int(seed),)+coords).encode(), digest_size=8).digest()
     return int.from_bytes(h, 'little') >> (64-SEED_BITS)
 
-# %% ../nbs/01_rng.ipynb #8ddaa35b
+# %% ../nbs/01_rng.ipynb #35b1b271
 CUBLAS_WORKSPACE = ':4096:8'  # the cuBLAS workspace setting PyTorch documents for deterministic results
+# `use_deterministic_algorithms(True)` also fills every uninitialised tensor with NaN. A correct program never reads
+# that memory, so its results do not depend on it; the fill costs 2-9% of a step here (bench/RESULTS.md, item 7).
+FILL_UNINITIALIZED = False
 
 def seed_global(seed:int):
     "Seed Python's `random`, NumPy's global generator, torch's CPU generator and every CUDA device"
@@ -36,28 +39,32 @@ def seed_global(seed:int):
     np.random.seed(seed % NUMPY_SEED_MOD)
     torch.manual_seed(seed)  # also seeds every CUDA device (lazily when CUDA is not initialised yet)
 
-# %% ../nbs/01_rng.ipynb #a5ba85bf
+# %% ../nbs/01_rng.ipynb #ca8e50be
 def deterministic_switches() -> dict:
     "The deterministic switches in force now"
     return dict(cudnn_deterministic=torch.backends.cudnn.deterministic,
                 cudnn_benchmark=torch.backends.cudnn.benchmark,
                 deterministic_algorithms=torch.are_deterministic_algorithms_enabled(),
                 deterministic_warn_only=torch.is_deterministic_algorithms_warn_only_enabled(),
+                fill_uninitialized_memory=torch.utils.deterministic.fill_uninitialized_memory,
                 cublas_workspace_config=os.environ.get('CUBLAS_WORKSPACE_CONFIG'))
 
-# %% ../nbs/01_rng.ipynb #cc705eb8
+# %% ../nbs/01_rng.ipynb #62e0bf6d
 def set_switches(switches:dict):
     "Put the deterministic switches as `switches` says (the output of `deterministic_switches`)"
     torch.backends.cudnn.deterministic = switches['cudnn_deterministic']
     torch.backends.cudnn.benchmark = switches['cudnn_benchmark']
     torch.use_deterministic_algorithms(switches['deterministic_algorithms'], warn_only=switches['deterministic_warn_only'])
+    if 'fill_uninitialized_memory' in switches:
+        torch.utils.deterministic.fill_uninitialized_memory = switches['fill_uninitialized_memory']
     cfg = switches.get('cublas_workspace_config')
     if cfg is None: os.environ.pop('CUBLAS_WORKSPACE_CONFIG', None)
     else: os.environ['CUBLAS_WORKSPACE_CONFIG'] = cfg
 
-# %% ../nbs/01_rng.ipynb #be0ae72e
+# %% ../nbs/01_rng.ipynb #43158d2d
 def set_deterministic(deterministic:bool=True, # switch determinism on (True) or leave PyTorch's fast defaults (False)
                       warn_only:bool=False, # with `deterministic`, warn instead of raising on nondeterministic ops
+                      fill_uninitialized:bool=FILL_UNINITIALIZED, # also fill every `torch.empty` with NaN (finds code that reads memory it never wrote; slow)
                      ) -> dict:
     "Flip every deterministic switch; returns the switches as they were before"
     before = deterministic_switches()
@@ -69,6 +76,7 @@ def set_deterministic(deterministic:bool=True, # switch determinism on (True) or
         os.environ['CUBLAS_WORKSPACE_CONFIG'] = CUBLAS_WORKSPACE
     set_switches(dict(cudnn_deterministic=deterministic, cudnn_benchmark=False if deterministic else before['cudnn_benchmark'],
                       deterministic_algorithms=deterministic, deterministic_warn_only=warn_only and deterministic,
+                      fill_uninitialized_memory=fill_uninitialized and deterministic,
                       cublas_workspace_config=os.environ.get('CUBLAS_WORKSPACE_CONFIG')))
     return before
 
