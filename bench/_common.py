@@ -224,3 +224,11 @@ def machine_info(threads:int) -> dict:
 def quiet_fit(learn, n_epoch=1, lr=1e-3):
     "`fit_one_cycle(n_epoch)` without progress bar and printed table (both sides alike)"
     with learn.no_bar(), learn.no_logging(): learn.fit_one_cycle(n_epoch, lr)
+
+
+def bench_main(run):
+    "Command line of one benchmark script: `python bench/NAME.py [--quick]` prints its rows"
+    import argparse
+    p = argparse.ArgumentParser(); p.add_argument('--quick', action='store_true'); a = p.parse_args()
+    cfg = Config.make(a.quick); setup(cfg.threads)
+    for r in run(cfg): print(r.line(), '|', r.note)

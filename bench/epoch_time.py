@@ -53,8 +53,4 @@ def measure(cfg:Config, prof, reps:int, cb_kwargs:dict|None=None, name='1 epoch'
 
 
 
-if __name__ == '__main__':
-    import argparse
-    p = argparse.ArgumentParser(); p.add_argument('--quick', action='store_true'); a = p.parse_args()
-    cfg = Config.make(a.quick); setup(cfg.threads)
-    for r in run(cfg): print(r.line())
+if __name__ == '__main__': bench_main(run)

@@ -46,8 +46,4 @@ def run(cfg:Config) -> list:
     return rows
 
 
-if __name__ == '__main__':
-    import argparse
-    p = argparse.ArgumentParser(); p.add_argument('--quick', action='store_true'); a = p.parse_args()
-    cfg = Config.make(a.quick); setup(cfg.threads)
-    for r in run(cfg): print(r.line(), '|', r.note)
+if __name__ == '__main__': bench_main(run)
