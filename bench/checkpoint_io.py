@@ -18,12 +18,48 @@ SIZE_TARGET_KB = 8   # "plus a few kilobytes"
 def _save_note() -> str:
     import fastrepro.checkpoint as ck
     durable = getattr(ck, 'DURABLE', True)
-    return f"fastrepro writes atomically (temporary file, rename){', with an fsync before the rename' if durable else '; no fsync (DURABLE=False)'}"
+    return f"fastrepro writes atomically (temporary file, atomic swap){', with an fsync before the rename' if durable else '; no fsync (DURABLE=False)'}"
 
 
 def _state_bytes(obj) -> int:
     import torch
     buf = io.BytesIO(); torch.save(obj, buf); return buf.tell()
+
+
+def _fastai_unpickles(learn) -> bool:
+    "Whether fastai's own `load` of `learn` uses `weights_only=False` (its text learners do)"
+    from fastai.text.learner import TextLearner
+    return isinstance(learn, TextLearner)
+
+
+def _load_note(plain) -> str:
+    if not _fastai_unpickles(plain): return "both load with weights_only=True"
+    return ("fastai's TextLearner.load unpickles with weights_only=False (Python's C unpickler, runs any code in the file); "
+            "fastrepro loads with weights_only=True (torch's checking unpickler)")
+
+
+def _size_row(task, path, files, plain, repro, cb, cfg) -> Row:
+    "File sizes; the dirty tree's patch measured exactly by saving once more without it, as for a clean tree"
+    size = {s: os.path.getsize(path/'models'/f'{files[s]}.pth') for s in files}
+    git = cb.git
+    if git and git.get('patch'):
+        cb.git = {k: v for k, v in git.items() if k != 'patch'}
+        try: clean = os.path.getsize(repro.save(files['fastrepro'] + '_clean'))
+        finally: cb.git = git
+        (path/'models'/f"{files['fastrepro']}_clean.pth").unlink(missing_ok=True)
+    else: clean = size['fastrepro']
+    state = cb.state_dict()
+    empty = _state_bytes({})
+    rng_kb, trace_kb = [(_state_bytes(state[k]) - empty)/1024 for k in ('rng', 'trace')]
+    n_gens = 3 + len(state['rng'].get('loaders', []))
+    patch_kb, clean_kb = (size['fastrepro'] - clean)/1024, (clean - size['fastai'])/1024
+    for f in files.values(): (path/'models'/f'{f}.pth').unlink(missing_ok=True)
+    return Row('3 checkpoint', f'{task}, file size', 'KB', size['fastrepro']/1024, size['fastai']/1024,
+               size['fastrepro']/size['fastai'], size['fastrepro']/size['fastai'], size['fastrepro']/size['fastai'],
+               f'+ a few KB (<= {SIZE_TARGET_KB} KB)', None if cfg.quick else clean_kb <= SIZE_TARGET_KB,
+               note=f"extra {clean_kb:.1f} KB on a clean tree, of which the states of {n_gens} Mersenne-Twister generators "
+                    f"{rng_kb:.1f} KB and the trace of {len(cb.trace.iter)} iterations {trace_kb:.1f} KB; a dirty tree adds "
+                    f"its compressed patch, {patch_kb:.1f} KB here")
 
 
 def run(cfg:Config) -> list:
@@ -52,21 +88,14 @@ def run(cfg:Config) -> list:
         rows.append(compare_row('3 checkpoint', f'{task}, learn.save (with optimizer)', 'ms', save['fastai'], save['fastrepro'],
                                 f'<= {TIME_TARGET}x', TIME_TARGET, quick=cfg.quick, scale=1e3, note=_save_note()))
         rows.append(compare_row('3 checkpoint', f'{task}, learn.load (with optimizer)', 'ms', load['fastai'], load['fastrepro'],
-                                f'<= {TIME_TARGET}x', TIME_TARGET, quick=cfg.quick, scale=1e3))
-        size = {s: os.path.getsize(path/'models'/f'{files[s]}.pth') for s in files}
-        extra_kb = (size['fastrepro'] - size['fastai'])/1024
-        patch = (cb.git or {}).get('patch') or ''
-        trace_kb = _state_bytes(cb.trace.state_dict())/1024
-        patch_kb = len(patch.encode())/1024
-        clean_kb = extra_kb - patch_kb
-        n_iter = len(cb.trace.iter)
-        for f in files.values(): (path/'models'/f'{f}.pth').unlink(missing_ok=True)
-        rows.append(Row('3 checkpoint', f'{task}, file size', 'KB', size['fastrepro']/1024, size['fastai']/1024,
-                        size['fastrepro']/size['fastai'], size['fastrepro']/size['fastai'], size['fastrepro']/size['fastai'],
-                        f'+ a few KB (<= {SIZE_TARGET_KB} KB)', None if cfg.quick else clean_kb <= SIZE_TARGET_KB,
-                        note=f"extra {extra_kb:.1f} KB = git patch of the dirty tree {patch_kb:.1f} KB + the rest {clean_kb:.1f} KB "
-                             f"(of which the trace of {n_iter} iterations {trace_kb:.1f} KB); judged without the patch, "
-                             f"i.e. as for a clean tree"))
+                                f'<= {TIME_TARGET}x', TIME_TARGET, quick=cfg.quick, scale=1e3, note=_load_note(plain)))
+        if _fastai_unpickles(plain):  # the same unpickler on both sides: what fastrepro costs apart from safe loading
+            fast = interleave({'fastai': lambda: plain.load(files['fastai']) and None,
+                               'fastrepro': lambda: repro.load(files['fastrepro'], weights_only=False) and None}, reps, cfg.warmup)
+            rows.append(compare_row('3 checkpoint', f'{task}, learn.load, both with weights_only=False', 'ms', fast['fastai'],
+                                    fast['fastrepro'], f'<= {TIME_TARGET}x', TIME_TARGET, quick=cfg.quick, scale=1e3,
+                                    note="fastrepro asked for fastai's unchecked unpickler (`learn.load(..., weights_only=False)`)"))
+        rows.append(_size_row(task, path, files, plain, repro, cb, cfg))
     return rows
 
 

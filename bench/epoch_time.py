@@ -6,17 +6,19 @@ Each round fits both learners for one epoch (`fit_one_cycle(1)`), alternating wh
 - epoch: from the first `before_epoch` to the last `after_epoch` (training and validation), the issue's target;
 - fit(1): the whole one-epoch fit, so that the once-per-fit work (git provenance, model audit, data streams set up)
   shows too: ULMFiT's gradual unfreezing is five such one-epoch fits.
-The tiny `test` profile gets the full run's rounds; the larger `fast` profile (the demo's CPU loop) gets FAST_REPS.
+The tiny `test` profile gets TEST_REPS rounds (its epochs take half a second and vary by a few percent from one to the
+next on a shared machine, so a median needs many); the larger `fast` profile (the demo's CPU loop) gets FAST_REPS.
 """
 from __future__ import annotations
 from _common import *
 
 TARGET, CEILING = 1.02, 1.05
-FAST_REPS = 5
+TEST_REPS = 20
+FAST_REPS = 7
 
 
 def run(cfg:Config) -> list:
-    rows = measure(cfg, cfg.prof, cfg.reps)
+    rows = measure(cfg, cfg.prof, cfg.reps if cfg.quick else max(cfg.reps, TEST_REPS))
     if not cfg.quick: rows += measure(cfg, cfg.larger, FAST_REPS)
     return rows
 

@@ -20,7 +20,8 @@ from .checkpoint import atomic_save, read_checkpoint
 __all__ = ['CUDNN_DEVICE', 'TRACE_KEYS', 'TRACE_COLUMNS', 'FP_PREFIX', 'TRACE_FORMAT', 'TRACE_VERSION', 'CHECKPOINT_TRACE',
            'DIFF_SAME', 'DIFF_DIFFER', 'DIFF_UNREADABLE', 'NondeterminismError', 'NondeterminismWarning', 'audit_model',
            'StackedRNN', 'split_rnn_dropout', 'fix_rnn_dropout', 'audit_switches', 'Divergence', 'first_divergence',
-           'trace_columns', 'trace_from_columns', 'save_trace', 'load_trace', 'fastrepro_diff', 'diff_command']
+           'trace_columns', 'trace_from_columns', 'compact_trace', 'expand_segments', 'trace_from_compact',
+           'save_trace', 'load_trace', 'fastrepro_diff', 'diff_command']
 
 # %% ../nbs/06_audit.ipynb #25c5adc9
 class NondeterminismError(RuntimeError):
@@ -283,7 +284,7 @@ def first_divergence(trace_a, # a run trace (`learn.repro_trace`) or a path for 
     diff_cols = [c for c, d in zip(cols, differs[i]) if d]
     return Divergence(fit, epoch, it, diff_cols, {c: (float(va[i, j]), float(vb[i, j])) for j, c in enumerate(cols) if c in diff_cols})
 
-# %% ../nbs/06_audit.ipynb #eb3f9fad
+# %% ../nbs/06_audit.ipynb #79df2ab8
 TRACE_FORMAT, TRACE_VERSION = 'fastrepro.trace', 1  # what a trace file says it is
 CHECKPOINT_TRACE = ('opt', '__fastrepro__', 'callbacks', 'repro_cb', 'trace')  # where a checkpoint keeps ReproCB's trace
 _INT_COLS = ('fit', 'epoch', 'iter')
@@ -300,8 +301,48 @@ def _column(name:str, values) -> np.ndarray:
     return np.asarray(values, dtype=np.int64 if name in _INT_COLS else np.float64)
 
 def trace_from_columns(cols:dict) -> pd.DataFrame:
-    "A trace DataFrame from a dict of column name -> 1-d tensor or list (from `trace_columns` or a checkpoint)"
+    "A trace DataFrame from a dict of column name -> 1-d tensor or list (from `trace_columns`), or a checkpoint's compact trace"
+    if 'segments' in cols: return trace_from_compact(cols)
     return pd.DataFrame({k: _column(k, v) for k, v in cols.items()})
+
+# %% ../nbs/06_audit.ipynb #bcf7cd6b
+def _segments(fit, epoch, it) -> np.ndarray:
+    "Rows of (fit, epoch, first iter, count): the runs of consecutive iterations within one fit and epoch"
+    a = np.stack([np.asarray(c, dtype=np.int64).reshape(-1) for c in (fit, epoch, it)], 1)
+    if not len(a): return np.zeros((0, 4), dtype=np.int64)
+    new = np.ones(len(a), dtype=bool)
+    new[1:] = (a[1:, :2] != a[:-1, :2]).any(1) | (a[1:, 2] != a[:-1, 2] + 1)
+    starts = np.flatnonzero(new)
+    return np.column_stack([a[starts], np.diff(np.append(starts, len(a)))])
+
+def compact_trace(fit, epoch, it, loss, # one value per iteration
+                  fp_names=None, # the fingerprinted parameters' names
+                  fp_rows=(), # the rows (iterations) that have fingerprints
+                  fp=(), # one row of fingerprints per `fp_rows` entry
+                 ) -> dict:
+    "A run trace in the compact form checkpoints keep"
+    d = {'segments': torch.from_numpy(_segments(fit, epoch, it)), 'loss': torch.from_numpy(np.asarray(loss, dtype=np.float32).reshape(-1))}
+    if fp_names:
+        d.update(fp_names=list(fp_names), fp_rows=torch.as_tensor(np.asarray(fp_rows, dtype=np.int64).reshape(-1)),
+                 fp=torch.from_numpy(np.asarray(fp, dtype=np.float32).reshape(len(fp_rows), len(fp_names))))
+    return d
+
+def expand_segments(segments) -> tuple:
+    "The `fit`, `epoch` and `iter` columns (NumPy arrays) of a compact trace's `segments`"
+    seg = np.asarray(segments, dtype=np.int64).reshape(-1, 4)
+    counts = seg[:, 3]
+    offset = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)  # position within its run
+    return np.repeat(seg[:, 0], counts), np.repeat(seg[:, 1], counts), np.repeat(seg[:, 2], counts) + offset
+
+def trace_from_compact(d:dict) -> pd.DataFrame:
+    "The trace DataFrame of a `compact_trace` dict"
+    fit, epoch, it = expand_segments(d['segments'].numpy())
+    df = pd.DataFrame({'fit': fit, 'epoch': epoch, 'iter': it, 'loss': d['loss'].numpy().astype(np.float32)})
+    if d.get('fp_names'):
+        fp = np.full((len(df), len(d['fp_names'])), np.nan, dtype=np.float32)
+        fp[d['fp_rows'].numpy()] = d['fp'].numpy()
+        for i, n in enumerate(d['fp_names']): df[FP_PREFIX+n] = fp[:, i]
+    return df
 
 # %% ../nbs/06_audit.ipynb #25ff5f7c
 def save_trace(trace:pd.DataFrame, # a run trace, e.g. `learn.repro_trace`

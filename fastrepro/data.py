@@ -32,7 +32,7 @@ def _as_epoch(epoch):
         raise ValueError("The pass coordinate `epoch` is an empty tuple: give an int or a tuple like (fit_idx, epoch).")
     return tuple(int(o) for o in epoch)
 
-# %% ../nbs/04_data.ipynb #b8d975c5
+# %% ../nbs/04_data.ipynb #7e7b8ab8
 class DataStreams:
     "The run `seed` and current pass coordinate `epoch` from which a DataLoader draws all its randomness"
     def __init__(self, seed:int, # the run seed
@@ -41,6 +41,7 @@ class DataStreams:
                  dl_idx:int=0, # the loader's index in its `DataLoaders`, so that train and valid draw different streams
                 ):
         self.seed,self.per_item,self.dl_idx,self.epoch = int(seed),bool(per_item),int(dl_idx),_as_epoch(epoch)
+        self.step = None  # the batch `__iter__` is fetching in the main process (not state: it lives within a pass)
 
     def seed_for(self, *coords) -> int:
         "The seed of stream `coords` (e.g. `SHUFFLE_STREAM`, or an item index) in the current pass"
@@ -127,7 +128,7 @@ def get_idxs(self:DataLoader):
     if self.shuffle: _reset_order(self)
     with _seeded(st.seed_for(SHUFFLE_STREAM)): return _fastai['get_idxs'](self)
 
-# %% ../nbs/04_data.ipynb #dcb035bf
+# %% ../nbs/04_data.ipynb #4c4e176c
 def _pass_pos(dl, pos:int) -> int:
     "The position in the whole pass of the `pos`-th sample this process makes (fastai deals batches to workers in turn)"
     bs = dl.bs or 1
@@ -144,12 +145,14 @@ def _stream_batches(dl, st:DataStreams, samps):
     batches = _fastai['create_batches'](dl, _seed_items(dl, st, samps) if st.per_item else samps)
     in_main = get_worker_info() is None
     for i in itertools.count(dl.offs, dl.num_workers):  # batch `i` of the pass is made by worker `i % num_workers`
-        saved = _cpu_states() if in_main else None
+        fresh = in_main and i > 0 and st.step == i  # `__iter__`'s step `i` seeded them, and nothing drew since
+        saved = _cpu_states() if in_main and not fresh else None
         if not st.per_item: _seed_cpu(st.seed_for(ITEMS_STREAM, i))
         try: b = next(batches)
         except StopIteration: return
         finally:
             if saved is not None: _set_cpu_states(saved)
+            elif fresh: _seed_cpu(st.seed_for(BATCH_STREAM, i))
         yield b
 
 @patch
@@ -158,14 +161,17 @@ def create_batches(self:DataLoader, samps):
     st = data_streams(self)
     return _fastai['create_batches'](self, samps) if st is None else _stream_batches(self, st, samps)
 
-# %% ../nbs/04_data.ipynb #8ff31c9b
+# %% ../nbs/04_data.ipynb #01a584b5
 def _stream_iter(dl, st:DataStreams):
     "fastai's `__iter__` with its worker seed from the pass's stream and each step under its batch's stream"
     # the worker seed from the pass's stream; a `torch.Generator` pickles, so spawned workers work too
     dl.fake_l.generator = torch.Generator().manual_seed(st.seed_for(WORKER_STREAM))
     cuda_gen,batches,done = _cuda_gen(dl),_fastai['__iter__'](dl),object()
     for i in itertools.count():
-        with _seeded(st.seed_for(BATCH_STREAM, i), cuda_gen): b = next(batches, done)
+        st.step = i
+        try:
+            with _seeded(st.seed_for(BATCH_STREAM, i), cuda_gen): b = next(batches, done)
+        finally: st.step = None
         if b is done: break
         yield b
     st.advance()  # only a completed pass moves on: `one_batch` and `show_batch` stop after the first batch
