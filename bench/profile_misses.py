@@ -139,42 +139,39 @@ def section_checkpoint(cfg):
     repro = clas_learner(clas, cfg.prof, path=path, cbs=ReproCB(seed=SEED, allow_dirty=True)); quiet_fit(repro)
     plain = clas_learner(clas, cfg.prof, path=path); quiet_fit(plain)
     f, fp = repro.save('r'), plain.save('p')
-    real_fsync = os.fsync
-    def save_no_fsync():
-        os.fsync = lambda fd: None
-        try: repro.save('r2')
-        finally: os.fsync = real_fsync
     def to_bytes(learn, extra):
         st = {'model': learn.model.state_dict(), 'opt': learn.opt.state_dict()}
         if extra: st['opt'][ck.STATE_KEY] = ck.repro_state(learn)
         torch.save(st, io.BytesIO(), pickle_protocol=2)
     extra = ck.split_state(ck.read_checkpoint(f))[2]
-    from fastai.text.learner import TextLearner, clean_raw_keys
-    from fastai.torch_core import get_model
-    def load_once(learn, file):
-        "Prototype of the proposed fix: read the file once (weights_only), then apply model, optimizer and callbacks"
-        p = learn.path/learn.model_dir/f'{file}.pth'
-        if learn.opt is None: learn.create_opt()
-        model_state, opt_state, ex = ck.split_state(ck.read_checkpoint(p, map_location=learn.dls.device or 'cpu'))
-        if ex is not None: ck.check_compatible(learn, ex, p)
-        get_model(learn.model).load_state_dict(clean_raw_keys(model_state) if isinstance(learn, TextLearner) else model_state)
-        if opt_state: learn.opt.load_state_dict(opt_state)
-        ck._stage(learn, ex, p)
+    blob = os.urandom(os.path.getsize(fp))
+    def write(name):
+        with open(path/name, 'wb') as fh: fh.write(blob)
+    def move_time(move, n=15):
+        "Median time of `move` alone (the new file is written before the clock starts)"
+        ts = []
+        for _ in range(n):
+            write('target'); write('tmp')
+            t = time.perf_counter(); move(path/'tmp', path/'target'); ts.append(time.perf_counter() - t)
+        return median(ts)
+    say(f'\n## atomic move of a freshly written {len(blob)/1e6:.1f} MB file over the previous one (the write not timed)')
+    say(f'  {move_time(os.replace)*1e3:8.2f} ms  os.replace (rename over: ext4 allocates and starts writing the new blocks, auto_da_alloc)')
+    say(f'  {move_time(ck._move_into_place)*1e3:8.2f} ms  fastrepro: swap the names (renameat2 RENAME_EXCHANGE), delete the old file')
     parts = {
         'fastai save': lambda: plain.save('p'), 'fastrepro save': lambda: repro.save('r'),
-        'fastrepro save, fsync skipped': save_no_fsync,
         'repro_state(learn) alone': lambda: ck.repro_state(repro),
         '  of which the trace state_dict': lambda: repro.repro_cb.trace.state_dict(),
         '  of which rng_states(dls)': lambda: __import__('fastrepro.rng', fromlist=['x']).rng_states(repro.dls),
         'fastai: torch.save to memory': lambda: to_bytes(plain, False),
         'fastrepro: repro_state + torch.save to memory': lambda: to_bytes(repro, True),
         'fastai load': lambda: plain.load('p'), 'fastrepro load': lambda: repro.load('r'),
-        'PROTOTYPE fastrepro load reading the file once': lambda: load_once(repro, 'r'),
-        'read_checkpoint(mmap=True), fastrepro file (1st read in load)': lambda: ck.read_checkpoint(f, mmap=True),
-        'read_checkpoint(mmap=False), fastrepro file': lambda: ck.read_checkpoint(f),
-        'torch.load of the fastai file (fastai reads it once)': lambda: ck.read_checkpoint(fp),
+        'fastrepro load, weights_only=False': lambda: repro.load('r', weights_only=False),
+        'torch.load fastai file, weights_only=False (fastai text loader)': lambda: torch.load(fp, weights_only=False),
+        'torch.load fastai file, weights_only=True (+ fastai safe globals)': lambda: ck.read_checkpoint(fp),
+        'torch.load fastrepro file, weights_only=False': lambda: torch.load(f, weights_only=False),
+        'torch.load fastrepro file, weights_only=True (+ fastai safe globals)': lambda: ck.read_checkpoint(f),
         'check_compatible (model and vocab signatures)': lambda: ck.check_compatible(repro, extra, f),
-        'ReproCB.trace.load_state_dict (to pandas)': lambda: repro.repro_cb.trace.load_state_dict(extra['callbacks']['repro_cb']['trace']),
+        'ReproCB.trace.load_state_dict': lambda: repro.repro_cb.trace.load_state_dict(extra['callbacks']['repro_cb']['trace']),
     }
     res = interleave({k: (lambda v=v: (v(), None)[1]) for k, v in parts.items()}, max(cfg.reps, 15), 2)
     say(f'\n## checkpoint: parts of save and load, median of {max(cfg.reps, 15)} interleaved rounds '

@@ -99,7 +99,7 @@ def split_state(state) -> tuple:
     extra = opt.pop(STATE_KEY, None) if isinstance(opt, dict) else None
     return state['model'], (opt or None), extra
 
-# %% ../nbs/02_checkpoint.ipynb #ca7c9a5a
+# %% ../nbs/02_checkpoint.ipynb #fb4a1561
 def _digest(o) -> str: return hashlib.sha256(repr(o).encode()).hexdigest()[:16]
 
 def model_signature(model) -> dict:
@@ -111,10 +111,12 @@ def data_signature(dls) -> dict:
     "What identifies the data a model was trained on: the vocabulary (for text) and its digest"
     vocab = getattr(dls, 'vocab', None)
     if vocab is None: return {}
-    key = (id(vocab), len(vocab))
+    parts = list(vocab) if len(vocab) and is_listy(vocab[0]) else [vocab]
+    # a classifier's `dls.vocab` is a new list at each access, of the same (text, labels) vocabularies
+    key = tuple((id(v), len(v)) for v in parts)
     cached = dls.__dict__.get('_repro_data_signature')
     if cached and cached[0] == key: return cached[1]
-    flat = [list(map(str, v)) for v in vocab] if len(vocab) and is_listy(vocab[0]) else [list(map(str, vocab))]
+    flat = [list(map(str, v)) for v in parts]
     sig = {'vocab_digest': _digest(flat), 'vocab_sizes': [len(v) for v in flat]}
     dls.__dict__['_repro_data_signature'] = (key, sig)
     return sig
