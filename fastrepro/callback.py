@@ -116,7 +116,7 @@ def set_grad_presence(model, present:list):
         elif has: p.grad.detach_().zero_()
         elif not has: p.grad = None
 
-# %% ../nbs/03_callback.ipynb #51caea07
+# %% ../nbs/03_callback.ipynb #d5abb1b6
 class ReproCB(Callback):
     "Own every generator of a fastai run: seeds and streams, deterministic switches, provenance, trace, exact resume"
     order = -20  # before TrainEvalCallback (-10): the epoch barrier reseeds before any other callback draws
@@ -125,7 +125,7 @@ class ReproCB(Callback):
         deterministic:bool=True, # flip every deterministic switch for the fit (restored afterwards)
         warn_only:bool=False, # with `deterministic`, warn instead of raising on nondeterministic ops
         deterministic_data:bool=True, # serve every batch from streams derived from (seed, epoch, item)
-        per_item:bool|None=None, # data streams per item (True), per batch (False), or per item where items can draw (None)
+        per_item:bool|None=None, # data streams per item (True), per batch (False), or None: per item where items can draw, none per step where nothing in a step can (`steps_draw`)
         trace_every:int=TRACE_EVERY, # fingerprint the parameters every N training iterations (0: losses only)
         allow_dirty:bool=False, # train from a git working tree with uncommitted changes (the patch is recorded)
         repo_path=None, # the git repository of the code; default: the one holding the working directory

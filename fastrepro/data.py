@@ -16,7 +16,7 @@ from .rng import derive_seed, NUMPY_SEED_MOD, _loaders, _order_holder
 
 # %% auto #0
 __all__ = ['SHUFFLE_STREAM', 'WORKER_STREAM', 'BATCH_STREAM', 'ITEMS_STREAM', 'DataStreams', 'data_streams', 'items_draw',
-           'make_deterministic', 'undo_deterministic', 'set_epoch']
+           'steps_draw', 'make_deterministic', 'undo_deterministic', 'set_epoch']
 
 # %% ../nbs/04_data.ipynb #b34468fb
 SHUFFLE_STREAM = 'shuffle' # a pass's order: `dl.rng`, and the global generators while `get_idxs` runs
@@ -32,15 +32,16 @@ def _as_epoch(epoch):
         raise ValueError("The pass coordinate `epoch` is an empty tuple: give an int or a tuple like (fit_idx, epoch).")
     return tuple(int(o) for o in epoch)
 
-# %% ../nbs/04_data.ipynb #7e7b8ab8
+# %% ../nbs/04_data.ipynb #66b4d8f7
 class DataStreams:
     "The run `seed` and current pass coordinate `epoch` from which a DataLoader draws all its randomness"
     def __init__(self, seed:int, # the run seed
                  epoch=0, # the pass coordinate: an int, or a tuple such as `(fit_idx, epoch)`
                  per_item:bool=True, # seed the generators before each item (True) or once per batch (False, cheaper)
                  dl_idx:int=0, # the loader's index in its `DataLoaders`, so that train and valid draw different streams
+                 quiet:bool=False, # the loader's steps draw no random numbers (`steps_draw`): only its order is seeded
                 ):
-        self.seed,self.per_item,self.dl_idx,self.epoch = int(seed),bool(per_item),int(dl_idx),_as_epoch(epoch)
+        self.seed,self.per_item,self.dl_idx,self.epoch,self.quiet = int(seed),bool(per_item),int(dl_idx),_as_epoch(epoch),bool(quiet)
         self.step = None  # the batch `__iter__` is fetching in the main process (not state: it lives within a pass)
 
     def seed_for(self, *coords) -> int:
@@ -55,14 +56,14 @@ class DataStreams:
     def state_dict(self) -> dict:
         "Ints, a bool and a list only, so that `torch.load(weights_only=True)` reads it back"
         epoch = list(self.epoch) if isinstance(self.epoch, tuple) else self.epoch
-        return {'seed': self.seed, 'epoch': epoch, 'per_item': self.per_item, 'dl_idx': self.dl_idx}
+        return {'seed': self.seed, 'epoch': epoch, 'per_item': self.per_item, 'dl_idx': self.dl_idx, 'quiet': self.quiet}
 
     def load_state_dict(self, d:dict):
         "Continue the streams of `d` (from `state_dict`)"
-        self.__init__(d['seed'], d['epoch'], d.get('per_item', self.per_item), d.get('dl_idx', self.dl_idx))
+        self.__init__(d['seed'], d['epoch'], d.get('per_item', self.per_item), d.get('dl_idx', self.dl_idx), d.get('quiet', self.quiet))
 
     def __repr__(self):
-        return f"DataStreams(seed={self.seed}, epoch={self.epoch}, per_item={self.per_item}, dl_idx={self.dl_idx})"
+        return f"DataStreams(seed={self.seed}, epoch={self.epoch}, per_item={self.per_item}, dl_idx={self.dl_idx}, quiet={self.quiet})"
 
 # %% ../nbs/04_data.ipynb #e1584ea1
 def _seed_cpu(seed:int):
@@ -128,7 +129,7 @@ def get_idxs(self:DataLoader):
     if self.shuffle: _reset_order(self)
     with _seeded(st.seed_for(SHUFFLE_STREAM)): return _fastai['get_idxs'](self)
 
-# %% ../nbs/04_data.ipynb #4c4e176c
+# %% ../nbs/04_data.ipynb #ef7f8119
 def _pass_pos(dl, pos:int) -> int:
     "The position in the whole pass of the `pos`-th sample this process makes (fastai deals batches to workers in turn)"
     bs = dl.bs or 1
@@ -159,19 +160,21 @@ def _stream_batches(dl, st:DataStreams, samps):
 def create_batches(self:DataLoader, samps):
     "fastai's `create_batches`; with streams, each item (or batch) is made under its own stream"
     st = data_streams(self)
-    return _fastai['create_batches'](self, samps) if st is None else _stream_batches(self, st, samps)
+    return _fastai['create_batches'](self, samps) if st is None or st.quiet else _stream_batches(self, st, samps)
 
-# %% ../nbs/04_data.ipynb #01a584b5
+# %% ../nbs/04_data.ipynb #436811e5
 def _stream_iter(dl, st:DataStreams):
     "fastai's `__iter__` with its worker seed from the pass's stream and each step under its batch's stream"
     # the worker seed from the pass's stream; a `torch.Generator` pickles, so spawned workers work too
     dl.fake_l.generator = torch.Generator().manual_seed(st.seed_for(WORKER_STREAM))
     cuda_gen,batches,done = _cuda_gen(dl),_fastai['__iter__'](dl),object()
     for i in itertools.count():
-        st.step = i
-        try:
-            with _seeded(st.seed_for(BATCH_STREAM, i), cuda_gen): b = next(batches, done)
-        finally: st.step = None
+        if st.quiet: b = next(batches, done)  # nothing in the step draws: no stream needed
+        else:
+            st.step = i
+            try:
+                with _seeded(st.seed_for(BATCH_STREAM, i), cuda_gen): b = next(batches, done)
+            finally: st.step = None
         if b is done: break
         yield b
     st.advance()  # only a completed pass moves on: `one_batch` and `show_batch` stop after the first batch
@@ -182,7 +185,7 @@ def __iter__(self:DataLoader):
     st = data_streams(self)
     return _fastai['__iter__'](self) if st is None else _stream_iter(self, st)
 
-# %% ../nbs/04_data.ipynb #01d3b410
+# %% ../nbs/04_data.ipynb #f4508a22
 def items_draw(dl) -> bool:
     "Can `dl`'s items draw random numbers? False only for fastai's text loaders without a `RandTransform` per item"
     from fastai.text.data import LMDataLoader, SortedDL
@@ -193,15 +196,35 @@ def items_draw(dl) -> bool:
     tfms += [f for tl in tls for f in getattr(getattr(tl, 'tfms', None), 'fs', [])]
     return any(isinstance(f, RandTransform) for f in tfms)
 
+_PIPELINES = ('after_item', 'before_batch', 'after_batch')
+
+def _quiet_tfms() -> tuple:
+    "fastai's transforms whose `encodes` draw no random numbers (the ones its text and tabular-style loaders are made of)"
+    from fastai.data.transforms import ToTensor, ColReader, Categorize, MultiCategorize, RegressionSetup
+    from fastai.text.core import Tokenizer
+    from fastai.text.data import Numericalize, Pad_Chunk, Pad_Input
+    return (ToTensor, ColReader, Categorize, MultiCategorize, RegressionSetup, Tokenizer, Numericalize, Pad_Chunk, Pad_Input)
+
+def steps_draw(dl) -> bool:
+    "Can a step of `dl` (making a batch, `after_batch`) draw random numbers? False only for a fastai text loader made of `_quiet_tfms`"
+    from fastai.text.data import LMDataLoader, SortedDL
+    if type(dl) not in (LMDataLoader, SortedDL): return True  # a subclass may make its items its own way
+    if any(m in dl.__dict__ for m in DataLoader._methods if m not in _PIPELINES): return True  # a method passed in
+    tfms = [f for p in _PIPELINES for f in getattr(getattr(dl, p, None), 'fs', [])]
+    tfms += [f for tl in getattr(getattr(dl, 'dataset', None), 'tls', []) for f in getattr(getattr(tl, 'tfms', None), 'fs', [])]
+    quiet = _quiet_tfms()
+    return not all(type(f) in quiet for f in tfms)
+
 def make_deterministic(dls, # a `DataLoaders`, one `DataLoader`, or a list of them
                        seed:int, # the run seed
-                       per_item:bool|None=True, # seed before each item (True), once per batch (False), or None: per item where items can draw (`items_draw`)
+                       per_item:bool|None=True, # seed before each item (True), once per batch (False), or None: decide per loader (`items_draw`, `steps_draw`)
                        epoch=0, # the first pass coordinate
                       ):
     "Make each DataLoader of `dls` draw its order, items and worker seeds from streams of `seed`; returns `dls`"
     for i, dl in enumerate(_loaders(dls)):
         item = items_draw(dl) if per_item is None else per_item
-        dl.__dict__['repro_streams'] = DataStreams(seed, epoch=epoch, per_item=item, dl_idx=i)
+        quiet = per_item is None and not steps_draw(dl)
+        dl.__dict__['repro_streams'] = DataStreams(seed, epoch=epoch, per_item=item, dl_idx=i, quiet=quiet)
     return dls
 
 def undo_deterministic(dls):
