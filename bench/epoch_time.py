@@ -18,19 +18,21 @@ FAST_REPS = 7
 
 
 def run(cfg:Config) -> list:
-    rows = measure(cfg, cfg.prof, cfg.reps if cfg.quick else max(cfg.reps, TEST_REPS))
-    if not cfg.quick: rows += measure(cfg, cfg.larger, FAST_REPS)
+    rows = measure(cfg, cfg.prof, cfg.reps if cfg.quick else max(cfg.reps, TEST_REPS), control=True)
+    if not cfg.quick: rows += measure(cfg, cfg.larger, FAST_REPS, control=True)
     return rows
 
 
-def measure(cfg:Config, prof, reps:int, cb_kwargs:dict|None=None, name='1 epoch') -> list:
+def measure(cfg:Config, prof, reps:int, cb_kwargs:dict|None=None, name='1 epoch', control:bool=False) -> list:
+    """Interleaved one-epoch fits of plain fastai and ReproCB learners; `control` adds a second plain fastai learner
+    (an A/A comparison: the noise floor of this machine for the same rounds)"""
     from fastrepro.callback import ReproCB
     from fastrepro.ulmfit import lm_learner, clas_learner
     lm, clas = text_data(prof)
     rows = []
     for task, mk, dls in [('LM', lm_learner, lm), ('classifier', clas_learner, clas)]:
         learners = {}
-        for side in ('fastai', 'fastrepro'):
+        for side in ('fastai', 'fastrepro') + (('fastai twin',) if control else ()):
             t0, t1 = timing_cbs()
             cbs = [t0, t1] + ([ReproCB(seed=SEED, allow_dirty=True, **(cb_kwargs or {}))] if side == 'fastrepro' else [])
             learners[side] = (mk(dls, prof, cbs=cbs), t0, t1)
@@ -48,6 +50,11 @@ def measure(cfg:Config, prof, reps:int, cb_kwargs:dict|None=None, name='1 epoch'
             rows.append(compare_row(name, f'{task}, {what}', 's', get('fastai', k), get('fastrepro', k),
                                     f'<= {TARGET}x (never > {CEILING}x)', TARGET, CEILING, cfg.quick,
                                     cpu_base=get('fastai', k+'_cpu'), cpu_repro=get('fastrepro', k+'_cpu')))
+        if control:
+            rows.append(compare_row(name, f'{task} ({prof.name}), A/A control: epoch time of a second plain fastai learner', 's',
+                                    get('fastai', 'epoch'), get('fastai twin', 'epoch'), quick=cfg.quick,
+                                    cpu_base=get('fastai', 'epoch_cpu'), cpu_repro=get('fastai twin', 'epoch_cpu'),
+                                    note='both sides plain fastai, same rounds: how far from 1 noise alone moves a ratio'))
         setup = [b - a for a, b in zip(get('fastai', 'setup'), get('fastrepro', 'setup'))]
         rows.append(Row(name, f'{task} ({prof.name}), extra per-fit setup (before_fit) of ReproCB', 'ms', median(setup)*1e3,
                         note='fastrepro minus fastai, per fit', samples={'extra_ms': [x*1e3 for x in setup]}))
