@@ -55,7 +55,7 @@ def data_fingerprint(dls) -> str:
         parts.append((len(getattr(dl, 'dataset', [])), h))
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
-# %% ../nbs/03_callback.ipynb #4e985b8b
+# %% ../nbs/03_callback.ipynb #955f604c
 class _Trace:
     "Per-iteration training losses and periodic parameter fingerprints; no GPU sync per step"
     def __init__(self): self.fit, self.epoch, self.iter, self.loss, self._pending, self.fp_rows, self.fp, self.fp_names = [], [], [], [], [], [], [], None
@@ -74,18 +74,19 @@ class _Trace:
     def frame(self) -> pd.DataFrame: return trace_from_compact(self.state_dict())
     def load_state_dict(self, d:dict):
         "From a checkpoint's trace, compact or (from an earlier fastrepro) as columns; without pandas when compact"
-        self._pending = []
-        if 'segments' in d:  # the fingerprints' rows are stored, so a NaN fingerprint (a diverged run) stays one
-            self.fit, self.epoch, self.iter = (c.tolist() for c in expand_segments(d['segments'].numpy()))
-            self.loss, self.fp_names = d['loss'].tolist(), d.get('fp_names')
-            self.fp_rows, self.fp = (d['fp_rows'].tolist(), d['fp'].tolist()) if self.fp_names else ([], [])
-            return
-        df = trace_from_columns(d)
-        self.fit, self.epoch, self.iter, self.loss = (df[c].tolist() for c in ('fit', 'epoch', 'iter', 'loss'))
-        fps = [c for c in df.columns if c.startswith(FP_PREFIX)]
-        self.fp_names = [c[len(FP_PREFIX):] for c in fps] or None
-        rows = np.flatnonzero(df[fps[0]].notna().to_numpy()) if fps else []
-        self.fp_rows, self.fp = list(map(int, rows)), df[fps].to_numpy(dtype=np.float32)[rows].tolist() if fps else []
+        if 'segments' not in d: d = _compact_columns(d)
+        # the fingerprints' rows are stored, so a NaN fingerprint (a diverged run) stays one
+        self.fit, self.epoch, self.iter = (c.tolist() for c in expand_segments(d['segments'].numpy()))
+        self.loss, self.fp_names, self._pending = d['loss'].tolist(), d.get('fp_names'), []
+        self.fp_rows, self.fp = (d['fp_rows'].tolist(), d['fp'].tolist()) if self.fp_names else ([], [])
+
+def _compact_columns(cols:dict) -> dict:
+    "A trace stored as columns (fingerprints NaN-padded) in `compact_trace`'s form"
+    df = trace_from_columns(cols)
+    fps = [c for c in df.columns if c.startswith(FP_PREFIX)]
+    rows = np.flatnonzero(df[fps[0]].notna().to_numpy()) if fps else []
+    return compact_trace(df.fit, df.epoch, df.iter, df.loss, [c[len(FP_PREFIX):] for c in fps], rows,
+                         df[fps].to_numpy(dtype=np.float32)[rows] if fps else [])
 
 # %% ../nbs/03_callback.ipynb #046b8959
 def _plain_tensor(t): return torch.as_tensor(t).detach().as_subclass(Tensor).cpu()

@@ -185,18 +185,20 @@ def __iter__(self:DataLoader):
     st = data_streams(self)
     return _fastai['__iter__'](self) if st is None else _stream_iter(self, st)
 
-# %% ../nbs/04_data.ipynb #f4508a22
+# %% ../nbs/04_data.ipynb #c050a5e6
+_PIPELINES = ('after_item', 'before_batch', 'after_batch')
+
+def _tfms(dl, pipelines=_PIPELINES) -> list:
+    "The transforms of `dl`'s dataset and of its `pipelines`"
+    tfms = [f for p in pipelines for f in getattr(getattr(dl, p, None), 'fs', [])]
+    return tfms + [f for tl in getattr(getattr(dl, 'dataset', None), 'tls', []) for f in getattr(getattr(tl, 'tfms', None), 'fs', [])]
+
 def items_draw(dl) -> bool:
     "Can `dl`'s items draw random numbers? False only for fastai's text loaders without a `RandTransform` per item"
     from fastai.text.data import LMDataLoader, SortedDL
     from fastai.vision.augment import RandTransform
     if not isinstance(dl, (LMDataLoader, SortedDL)): return True
-    tfms = list(getattr(getattr(dl, 'after_item', None), 'fs', []))
-    tls = getattr(getattr(dl, 'dataset', None), 'tls', [])
-    tfms += [f for tl in tls for f in getattr(getattr(tl, 'tfms', None), 'fs', [])]
-    return any(isinstance(f, RandTransform) for f in tfms)
-
-_PIPELINES = ('after_item', 'before_batch', 'after_batch')
+    return any(isinstance(f, RandTransform) for f in _tfms(dl, ('after_item',)))
 
 def _quiet_tfms() -> tuple:
     "fastai's transforms whose `encodes` draw no random numbers (the ones its text and tabular-style loaders are made of)"
@@ -210,10 +212,8 @@ def steps_draw(dl) -> bool:
     from fastai.text.data import LMDataLoader, SortedDL
     if type(dl) not in (LMDataLoader, SortedDL): return True  # a subclass may make its items its own way
     if any(m in dl.__dict__ for m in DataLoader._methods if m not in _PIPELINES): return True  # a method passed in
-    tfms = [f for p in _PIPELINES for f in getattr(getattr(dl, p, None), 'fs', [])]
-    tfms += [f for tl in getattr(getattr(dl, 'dataset', None), 'tls', []) for f in getattr(getattr(tl, 'tfms', None), 'fs', [])]
     quiet = _quiet_tfms()
-    return not all(type(f) in quiet for f in tfms)
+    return not all(type(f) in quiet for f in _tfms(dl))
 
 def make_deterministic(dls, # a `DataLoaders`, one `DataLoader`, or a list of them
                        seed:int, # the run seed

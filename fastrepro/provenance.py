@@ -261,17 +261,16 @@ def run_provenance(path='.', # a directory inside the repository of the code tha
     return dict(commit=info['commit'], dirty=info['dirty'], patch=None if patch is None else _decode(patch), git=info,
                 env=env, env_hash=env['env_hash'])
 
-# %% ../nbs/07_provenance.ipynb #90702b82
+# %% ../nbs/07_provenance.ipynb #206ec647
 PATCH_ZLIB_LEVEL = 6  # zlib's default: text diffs shrink 4-10x
-_packed_patch = [None, None]  # the last patch packed and its compressed bytes
+
+@functools.lru_cache(maxsize=1)  # a run saves the same patch at every checkpoint
+def _compress(patch:str) -> bytes: return zlib.compress(patch.encode('utf-8', 'surrogateescape'), PATCH_ZLIB_LEVEL)
 
 def pack_git(git:dict|None) -> dict|None:
     "`git` with its text `patch` stored zlib-compressed as `patch_zlib`"
     if not git or git.get('patch') is None: return git
-    patch = git['patch']
-    if _packed_patch[0] is not patch:
-        _packed_patch[:] = patch, zlib.compress(patch.encode('utf-8', 'surrogateescape'), PATCH_ZLIB_LEVEL)
-    return {**{k: v for k, v in git.items() if k != 'patch'}, 'patch_zlib': _packed_patch[1]}
+    return {**{k: v for k, v in git.items() if k != 'patch'}, 'patch_zlib': _compress(git['patch'])}
 
 def unpack_git(git:dict|None) -> dict|None:
     "The record `pack_git` packed, with its text `patch`"
