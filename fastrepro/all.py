@@ -16,13 +16,15 @@ from .callback import *
 from .data import *
 from .fp16 import *
 from .audit import *
+from .trace import *
 from .provenance import *
 from .ledger import *
 from .stats import *
+from .sweep import *
 from .ulmfit import *
 
 # %% ../nbs/99_all.ipynb #d209bc32
-from . import core, rng, checkpoint, callback, data, fp16, audit, provenance, ledger, stats, ulmfit
+from . import core, rng, checkpoint, callback, data, fp16, audit, trace, provenance, ledger, stats, sweep, ulmfit
 # nbdev writes an empty `__all__` for this module; re-export every module's public names instead
-__all__ = ['__version__'] + [n for m in (core, rng, checkpoint, callback, data, fp16, audit, provenance, ledger, stats, ulmfit)
+__all__ = ['__version__'] + [n for m in (core, rng, checkpoint, callback, data, fp16, audit, trace, provenance, ledger, stats, sweep, ulmfit)
                              for n in m.__all__]

@@ -15,7 +15,8 @@ from .core import *
 from .rng import *
 from .checkpoint import *
 from .data import make_deterministic, undo_deterministic, set_epoch
-from .audit import audit_model, audit_switches, NondeterminismWarning, trace_from_columns, compact_trace, trace_from_compact, expand_segments, FP_PREFIX
+from .audit import audit_model, audit_switches, NondeterminismWarning
+from .trace import trace_from_columns, compact_trace, trace_from_compact, expand_segments, FP_PREFIX
 from .provenance import run_provenance, environment_info, env_diff, pack_git, unpack_git
 from .ledger import Ledger
 

@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PROC = ROOT/'_proc'
 CHROMIUM = shutil.which('chromium') or shutil.which('chromium-browser')
-PAGES = {'callback': '03_callback', 'demo': '12_demo'}  # what the test names each page -> its notebook
+PAGES = {'callback': '03_callback', 'demo': '16_demo'}  # what the test names each page -> its notebook
 DEMO_PLOTS = 4             # the demo page's plots: same seed, fp16 loss scale, nondeterminism, variants
 TIMEOUT_S = 900            # nbdev-proc-nbs executes the exported and show_doc cells of the two notebooks
 CHROME_TIMEOUT_S = 120
@@ -131,7 +131,7 @@ def assigned(src:str) -> set:
 
 def test_proc_output(pages):
     "nbdev-proc-nbs turns export cells into rendered docs: every public symbol of the demo has show_doc output or shown source"
-    cells = [''.join(c['source']) for c in json.loads((PROC/'12_demo.ipynb').read_text())['cells']]
+    cells = [''.join(c['source']) for c in json.loads((PROC/'16_demo.ipynb').read_text())['cells']]
     docs = [c for c in cells if 'show_doc(' in c]
     assert docs and all('#| output: asis' in d for d in docs)
     shown = {re.search(r'show_doc\(([\w.]+)\)', d)[1] for d in docs}
@@ -155,7 +155,7 @@ def test_demo_page_plots(pages, tmp_path):
     url = pages['demo'].as_uri()
     dom = chromium(url, '--dump-dom', tmp=tmp_path)
     assert dom.count('src="data:image/png;base64,') >= DEMO_PLOTS, ("the demo page has fewer plots than the demo makes: are the "
-        "notebook's outputs saved? (nbdev-test --path-glob '*12_demo*' --save, then nbdev-clean)")
+        "notebook's outputs saved? (nbdev-test --path-glob '*16_demo*' --save, then nbdev-clean)")
     c = dom_check(dom)
     assert c['images'] >= DEMO_PLOTS and c['decoded'] == c['images'], c
     assert all(w >= 300 and h >= 150 for w, h in c['sizes']), c['sizes']
