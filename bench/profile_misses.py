@@ -141,7 +141,7 @@ def section_checkpoint(cfg):
     f, fp = repro.save('r'), plain.save('p')
     def to_bytes(learn, extra):
         st = {'model': learn.model.state_dict(), 'opt': learn.opt.state_dict()}
-        if extra: st['opt'][ck.STATE_KEY] = ck.repro_state(learn)
+        if extra: st['opt'][ck.STATE_KEY] = ck.checkpoint_state(learn)
         torch.save(st, io.BytesIO(), pickle_protocol=2)
     extra = ck.split_state(ck.read_checkpoint(f))[2]
     blob = os.urandom(os.path.getsize(fp))
@@ -159,11 +159,11 @@ def section_checkpoint(cfg):
     say(f'  {move_time(ck._move_into_place)*1e3:8.2f} ms  fastrepro: swap the names (renameat2 RENAME_EXCHANGE), delete the old file')
     parts = {
         'fastai save': lambda: plain.save('p'), 'fastrepro save': lambda: repro.save('r'),
-        'repro_state(learn) alone': lambda: ck.repro_state(repro),
+        'checkpoint_state(learn) alone': lambda: ck.checkpoint_state(repro),
         '  of which the trace state_dict': lambda: repro.repro_cb.trace.state_dict(),
         '  of which rng_states(dls)': lambda: __import__('fastrepro.rng', fromlist=['x']).rng_states(repro.dls),
         'fastai: torch.save to memory': lambda: to_bytes(plain, False),
-        'fastrepro: repro_state + torch.save to memory': lambda: to_bytes(repro, True),
+        'fastrepro: checkpoint_state + torch.save to memory': lambda: to_bytes(repro, True),
         'fastai load': lambda: plain.load('p'), 'fastrepro load': lambda: repro.load('r'),
         'fastrepro load, weights_only=False': lambda: repro.load('r', weights_only=False),
         'torch.load fastai file, weights_only=False (fastai text loader)': lambda: torch.load(fp, weights_only=False),
@@ -183,9 +183,9 @@ def section_checkpoint(cfg):
     rng = extra['callbacks']['repro_cb']['rng']
     say('  rng parts (KB): ' + ', '.join(f'{k} {len(_ser(v))/1024:.1f}' for k, v in rng.items()))
     pr = cProfile.Profile(); pr.enable()
-    for _ in range(20): ck.repro_state(repro)
+    for _ in range(20): ck.checkpoint_state(repro)
     pr.disable(); st = pstats.Stats(pr)
-    say('  repro_state, largest cumulative entries (cProfile, per call):')
+    say('  checkpoint_state, largest cumulative entries (cProfile, per call):')
     rows = sorted(((v[3], f'{Path(k[0]).name}:{k[1]}({k[2]})') for k, v in st.stats.items()), reverse=True)
     for t, name in rows[1:12]: say(f'    {t/20*1e3:6.2f} ms  {name}')
     shutil.rmtree(path, ignore_errors=True)

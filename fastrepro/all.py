@@ -22,9 +22,10 @@ from .ledger import *
 from .stats import *
 from .sweep import *
 from .ulmfit import *
+from .jobs import *
 
 # %% ../nbs/99_all.ipynb #d209bc32
-from . import core, rng, checkpoint, callback, data, fp16, audit, trace, provenance, ledger, stats, sweep, ulmfit
+from . import core, rng, checkpoint, callback, data, fp16, audit, trace, provenance, ledger, stats, sweep, ulmfit, jobs
 # nbdev writes an empty `__all__` for this module; re-export every module's public names instead
-__all__ = ['__version__'] + [n for m in (core, rng, checkpoint, callback, data, fp16, audit, trace, provenance, ledger, stats, sweep, ulmfit)
+__all__ = ['__version__'] + [n for m in (core, rng, checkpoint, callback, data, fp16, audit, trace, provenance, ledger, stats, sweep, ulmfit, jobs)
                              for n in m.__all__]

@@ -11,11 +11,14 @@ import numpy as np, pandas as pd, torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 from fastai.basics import *
+from fastai.callback.fp16 import MixedPrecision
 from .rng import deterministic_switches
+from .core import is_stateful
+from .provenance import env_diff
 
 # %% auto #0
 __all__ = ['CUDNN_DEVICE', 'NondeterminismError', 'NondeterminismWarning', 'audit_model', 'StackedRNN', 'split_rnn_dropout',
-           'fix_rnn_dropout', 'audit_switches']
+           'fix_rnn_dropout', 'audit_switches', 'audit_resume', 'audit_fit', 'Findings']
 
 # %% ../nbs/08_audit.ipynb #25c5adc9
 class NondeterminismError(RuntimeError):
@@ -178,6 +181,22 @@ def _switch_findings(sw:dict) -> list[str]:
     return res
 
 # %% ../nbs/08_audit.ipynb #27baa5a7
+def _recorded_findings(sw:dict, recorded:dict|None, num_threads:int|None, recorded_threads:int|None) -> list[str]:
+    "How the switches `sw` and the thread count differ from a recorded run's"
+    res = []
+    if recorded is not None:
+        changed = [f"{k}: {recorded[k]!r} -> {sw.get(k)!r}" for k in recorded if sw.get(k) != recorded[k]]
+        if changed: res.append(f"The deterministic switches differ from the recorded run's ({', '.join(changed)}): a "
+                               "resumed run continues the recorded one bit for bit only under the same switches; "
+                               "`fastrepro.rng.set_switches(recorded)` puts them back.")
+    if recorded_threads is not None:
+        n = torch.get_num_threads() if num_threads is None else num_threads
+        if n != recorded_threads:
+            res.append(f"torch uses {n} CPU threads but the run was recorded with {recorded_threads}: CPU kernels split "
+                       "sums and matrix products by thread, so results can round differently. "
+                       f"`torch.set_num_threads({recorded_threads})` restores the recorded count.")
+    return res
+
 def audit_switches(switches:dict|None=None, # from `deterministic_switches()`; None reads the switches in force now
                    recorded:dict|None=None, # the switches the run was recorded with, when resuming
                    num_threads:int|None=None, # torch's CPU thread count now; None reads it when `recorded_threads` is given
@@ -186,17 +205,50 @@ def audit_switches(switches:dict|None=None, # from `deterministic_switches()`; N
                   ) -> list[str]:
     "Report the nondeterminism the switches and thread count let through, and any change from the recorded run"
     sw = deterministic_switches() if switches is None else switches
-    res = _switch_findings(sw)
-    if recorded is not None:
-        changed = [f"{k}: {recorded[k]!r} -> {sw.get(k)!r}" for k in recorded if sw.get(k) != recorded[k]]
-        if changed: res.append(f"The deterministic switches differ from the recorded run's ({', '.join(changed)}): a resumed "
-                               "run continues the recorded one bit for bit only under the same switches; "
-                               "`fastrepro.rng.set_switches(recorded)` puts them back.")
-    if recorded_threads is not None:
-        n = torch.get_num_threads() if num_threads is None else num_threads
-        if n != recorded_threads:
-            res.append(f"torch uses {n} CPU threads but the run was recorded with {recorded_threads}: CPU kernels split "
-                       "sums and matrix products by thread, so results can round differently. "
-                       f"`torch.set_num_threads({recorded_threads})` restores the recorded count.")
+    res = _switch_findings(sw) + _recorded_findings(sw, recorded, num_threads, recorded_threads)
     if res and warn: warnings.warn('\n'.join(res), NondeterminismWarning, stacklevel=2)
     return res
+
+# %% ../nbs/08_audit.ipynb #39717006
+_SWITCH_FIELDS = ('switches', 'num_threads')  # environment fields `audit_switches` reports with their own advice
+
+def audit_resume(saved:dict, # the provenance a checkpoint recorded: `env`, `git` and `device`
+                 current:dict, # the same of the fit that resumes it
+                ) -> list[str]:
+    "What differs between the run a checkpoint recorded and the fit that resumes it, as findings"
+    env, was = current['env'], saved['env']
+    res = _recorded_findings(env['switches'], was['switches'], env['num_threads'], was['num_threads'])
+    diff = {k: v for k, v in env_diff(was, env).items() if k.split('.')[0] not in _SWITCH_FIELDS}
+    if diff: res.append("The checkpoint was written in another environment, so bit-identity is not guaranteed: "
+                        + '; '.join(f"{k}: {a} -> {b}" for k, (a, b) in diff.items()))
+    (c0, p0), (c1, p1) = (((g or {}).get('commit'), (g or {}).get('diff_hash')) for g in (saved['git'], current['git']))
+    if (c0, p0) != (c1, p1):
+        res.append(f"The checkpoint was written by other code (commit {c0} {'+ patch ' + p0[:12] if p0 else ''}) than this "
+                   f"fit runs (commit {c1} {'+ patch ' + p1[:12] if p1 else ''}): the resumed run is not the interrupted one.")
+    if saved['device'] != current['device']:
+        res.append(f"The checkpoint was written on {saved['device']} and this fit runs on {current['device']}: other "
+                   "devices run other kernels, so the resumed run differs from the uninterrupted one.")
+    return res
+
+def audit_fit(learn:Learner, # the learner about to fit
+              env:dict, # `environment_info()` of the fit (its switches and thread count)
+              allow_cudnn_rnn_dropout:bool=False, # on CUDA, accept cuDNN's RNN dropout (a finding instead of an error)
+             ) -> list[str]:
+    "The findings of the pre-training audit of `learn`: its model, the switches, fastai's stock `MixedPrecision`"
+    device = getattr(learn.dls, 'device', None) or default_device()
+    found = audit_model(learn.model, device_type=torch.device(device).type, warn=False,
+                        allow_cudnn_rnn_dropout=allow_cudnn_rnn_dropout)
+    found += audit_switches(env['switches'], warn=False)
+    stock = [type(cb).__name__ for cb in learn.cbs if isinstance(cb, MixedPrecision) and not is_stateful(cb)]
+    if stock: found.append(f"{stock[0]} keeps its loss scale out of checkpoints, so a resumed run restarts at the "
+                           "initial scale: use `learn.to_repro_fp16()` (ReproMixedPrecision) instead")
+    return found
+
+class Findings:
+    "Reports findings as one `NondeterminismWarning`, each finding once (a learner fits many times)"
+    def __init__(self): self.reported = set()
+    def report(self, found:list):
+        "Warn about the findings of `found` not reported yet"
+        new = [f for f in found if f not in self.reported]
+        if new: warnings.warn("ReproCB audit:\n- " + "\n- ".join(new), NondeterminismWarning, stacklevel=3)
+        self.reported.update(new)

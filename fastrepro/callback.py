@@ -7,25 +7,25 @@ Docs: https://fastrepro.github.io/fastrepro/callback.html.md"""
 # %% ../nbs/03_callback.ipynb #04a93941
 from __future__ import annotations
 import sys, time, secrets, warnings, random, hashlib
+from dataclasses import dataclass, asdict
 import numpy as np
 import pandas as pd
 from fastai.basics import *
-from fastai.callback.fp16 import MixedPrecision
 from .core import *
 from .rng import *
 from .checkpoint import *
 from .data import make_deterministic, undo_deterministic, set_epoch
-from .audit import audit_model, audit_switches, NondeterminismWarning
-from .trace import trace_from_columns, compact_trace, trace_from_compact, expand_segments, FP_PREFIX
-from .provenance import run_provenance, environment_info, env_diff, pack_git, unpack_git
+from .audit import audit_fit, audit_resume, Findings
+from .trace import Trace, TRACE_EVERY
+from .provenance import run_provenance, environment_info, pack_git, unpack_git
 from .ledger import Ledger
 
 # %% auto #0
-__all__ = ['TRACE_EVERY', 'SEED_DRAW_BITS', 'LOSS_NAMES', 'DEFAULT_EXPERIMENT', 'ResumeError', 'data_fingerprint',
-           'grad_presence', 'set_grad_presence', 'ReproCB']
+__all__ = ['SEED_DRAW_BITS', 'LOSS_NAMES', 'DEFAULT_EXPERIMENT', 'ResumeError', 'data_fingerprint', 'recorder_state',
+           'set_recorder_state', 'grad_presence', 'set_grad_presence', 'Position', 'fit_metrics', 'FitRecord',
+           'ReproCB', 'loader_orders', 'set_loader_orders']
 
 # %% ../nbs/03_callback.ipynb #7e6d10e3
-TRACE_EVERY = 10       # fingerprint the parameters every N training iterations
 SEED_DRAW_BITS = 31    # seeds drawn when none is given: short enough to type back
 LOSS_NAMES = ('loss', 'perplexity', 'error')  # metrics where lower is better, for the ledger's `best`
 DEFAULT_EXPERIMENT = 'default'  # ledger experiment name when ReproCB is given none
@@ -56,53 +56,23 @@ def data_fingerprint(dls) -> str:
         parts.append((len(getattr(dl, 'dataset', [])), h))
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
-# %% ../nbs/03_callback.ipynb #955f604c
-class _Trace:
-    "Per-iteration training losses and periodic parameter fingerprints; no GPU sync per step"
-    def __init__(self): self.fit, self.epoch, self.iter, self.loss, self._pending, self.fp_rows, self.fp, self.fp_names = [], [], [], [], [], [], [], None
-    def add(self, fit, epoch, it, loss): self.fit.append(fit); self.epoch.append(epoch); self.iter.append(it); self._pending.append(loss)
-    def add_fp(self, names, norms):
-        self.fp_names = names
-        self.fp_rows.append(len(self.fit)-1); self.fp.append(norms)
-    def flush(self):
-        "Move pending tensors to Python numbers (one transfer per epoch)"
-        if self._pending: self.loss += torch.stack(self._pending).float().cpu().tolist(); self._pending = []
-        self.fp = [o.tolist() if isinstance(o, Tensor) else o for o in self.fp]
-    def state_dict(self) -> dict:
-        "The trace in `compact_trace`'s form, built without pandas: this runs at every save"
-        self.flush()
-        return compact_trace(self.fit, self.epoch, self.iter, self.loss, self.fp_names, self.fp_rows, self.fp)
-    def frame(self) -> pd.DataFrame: return trace_from_compact(self.state_dict())
-    def load_state_dict(self, d:dict):
-        "From a checkpoint's trace, compact or (from an earlier fastrepro) as columns; without pandas when compact"
-        if 'segments' not in d: d = _compact_columns(d)
-        # the fingerprints' rows are stored, so a NaN fingerprint (a diverged run) stays one
-        self.fit, self.epoch, self.iter = (c.tolist() for c in expand_segments(d['segments'].numpy()))
-        self.loss, self.fp_names, self._pending = d['loss'].tolist(), d.get('fp_names'), []
-        self.fp_rows, self.fp = (d['fp_rows'].tolist(), d['fp'].tolist()) if self.fp_names else ([], [])
-
-def _compact_columns(cols:dict) -> dict:
-    "A trace stored as columns (fingerprints NaN-padded) in `compact_trace`'s form"
-    df = trace_from_columns(cols)
-    fps = [c for c in df.columns if c.startswith(FP_PREFIX)]
-    rows = np.flatnonzero(df[fps[0]].notna().to_numpy()) if fps else []
-    return compact_trace(df.fit, df.epoch, df.iter, df.loss, [c[len(FP_PREFIX):] for c in fps], rows,
-                         df[fps].to_numpy(dtype=np.float32)[rows] if fps else [])
-
 # %% ../nbs/03_callback.ipynb #046b8959
 def _plain_tensor(t): return torch.as_tensor(t).detach().as_subclass(Tensor).cpu()
 
-def _recorder_state(rec) -> dict:
+def recorder_state(rec) -> dict:
+    "What fastai's `Recorder` keeps of a fit: the smoothed loss, and per iteration and epoch what it records"
     sl = rec.smooth_loss
     return {'smooth_count': sl.count, 'smooth_val': _plain_tensor(sl.val).clone(),
             'losses': _plain_tensor(torch.stack(rec.losses)) if rec.losses else torch.zeros(0),
             'lrs': torch.tensor([float(o) for o in rec.lrs], dtype=torch.float64), 'iters': [int(o) for o in rec.iters],
             'values': [[float(v) for v in vals] for vals in rec.values]}
 
-def _set_recorder_state(rec, d:dict, device):
+def set_recorder_state(rec, d:dict, device):
+    "Put `d` (from `recorder_state`) back into `rec`, its tensors on `device`"
     rec.smooth_loss.count, rec.smooth_loss.val = d['smooth_count'], d['smooth_val'].to(device)
     rec.losses = [o.to(device) for o in d['losses']]
-    rec.lrs, rec.iters, rec.values = torch.as_tensor(d['lrs'], dtype=torch.float64).tolist(), list(d['iters']), [L(v) for v in d['values']]
+    rec.lrs, rec.iters = torch.as_tensor(d['lrs'], dtype=torch.float64).tolist(), list(d['iters'])
+    rec.values = [L(v) for v in d['values']]
 
 # %% ../nbs/03_callback.ipynb #83984ee2
 def grad_presence(model) -> list:
@@ -119,6 +89,56 @@ def set_grad_presence(model, present:list):
         elif not has: p.grad = None
 
 # %% ../nbs/03_callback.ipynb #d5abb1b6
+@dataclass
+class Position:
+    "Where a run stands: its fit (0-based, on this learner), the fit's epochs, the next epoch to run, the batches done in it"
+    fit:int=-1; n_epoch:int|None=None; epoch:int=0; batch:int=0
+    def state_dict(self, learn) -> dict: return dict(asdict(self), train_iter=int(getattr(learn, 'train_iter', 0)))
+
+# %% ../nbs/03_callback.ipynb #4f2283be
+def fit_metrics(learn) -> dict:
+    "Final and best value of each metric the Recorder recorded in the last fit"
+    rec = getattr(learn, 'recorder', None)
+    if rec is None or not rec.values: return {}
+    names = [n for n in rec.metric_names[1:] if n != 'time']
+    final = dict(zip(names, rec.values[-1]))
+    cols = list(zip(*[v for v in rec.values if len(v) == len(names)]))
+    best = {n: (min if any(s in n for s in LOSS_NAMES) else max)(c) for n, c in zip(names, cols)}
+    return {'final': final, 'best': best}
+
+class FitRecord:
+    "A fit's record in a ledger: added as 'running' when the fit starts, completed, failed or interrupted when it ends"
+    def __init__(self, ledger:Ledger|str|Path|None=None, experiment:str|None=None, variant:str|None=None,
+                 metric_version:str|None=None, tags:dict|None=None):
+        self.ledger = Ledger(ledger) if isinstance(ledger, (str, Path)) else ledger
+        store_attr('experiment,variant,metric_version,tags')
+        self.run_id, self.started, self.earlier = None, None, 0.  # the record; this segment's start; time trained before
+
+    def start(self, learn, seed:int, fit:int, start_epoch:int, prov:dict, resumed:int|None=None):
+        "Add the record of a fit; resuming (`resumed`: the interrupted fit's record), mark that record running again"
+        if self.ledger is None: return
+        self.started = time.time()
+        prev = self.ledger.runs(id=resumed) if resumed is not None else []
+        if len(prev):
+            self.run_id, self.earlier = resumed, float(np.nan_to_num(prev.duration.iloc[0]))
+            return self.ledger.update(resumed, status='running', notes=f"resumed at epoch {start_epoch}")
+        hp = dict(lr=float(learn.opt.hypers[-1]['lr']) if learn.opt is not None else None, epochs=learn.n_epoch,
+                  bs=getattr(learn.dls, 'bs', None), arch=type(get_model(learn.model)).__name__,
+                  loss_func=type(learn.loss_func).__name__, fit_idx=fit, start_epoch=start_epoch)
+        self.run_id, self.earlier = self.ledger.add(dict(
+            experiment=self.experiment or DEFAULT_EXPERIMENT, variant=self.variant, seed=seed, hyperparameters=hp,
+            tags=self.tags, metric_version=self.metric_version, data_fingerprint=data_fingerprint(learn.dls),
+            status='running', started=self.started, **prov)), 0.
+
+    def end(self, learn, status:str, notes:str|None=None):
+        "Complete the running record: its status, metrics, finish time and training time"
+        if self.ledger is None or self.started is None: return
+        now = time.time()
+        self.ledger.update(self.run_id, status=status, metrics=fit_metrics(learn), finished=now,
+                           duration=self.earlier + now - self.started, **({} if notes is None else {'notes': notes}))
+        self.started = None  # `run_id` stays: a resume of this fit continues its record
+
+# %% ../nbs/03_callback.ipynb #fd06b9d9
 class ReproCB(Callback):
     "Own every generator of a fastai run: seeds and streams, deterministic switches, provenance, trace, exact resume"
     order = -20  # before TrainEvalCallback (-10): the epoch barrier reseeds before any other callback draws
@@ -127,231 +147,184 @@ class ReproCB(Callback):
         deterministic:bool=True, # flip every deterministic switch for the fit (restored afterwards)
         warn_only:bool=False, # with `deterministic`, warn instead of raising on nondeterministic ops
         deterministic_data:bool=True, # serve every batch from streams derived from (seed, epoch, item)
-        per_item:bool|None=None, # data streams per item (True), per batch (False), or None: per item where items can draw, none per step where nothing in a step can (`steps_draw`)
-        trace_every:int=TRACE_EVERY, # fingerprint the parameters every N training iterations (0: losses only)
+        per_item:bool|None=None, # data streams per item (True), per batch (False), or None: as each loader needs (`make_deterministic`)
+        trace_every:int=TRACE_EVERY, # record the parameter norms every N training iterations (0: losses only)
         allow_dirty:bool=False, # train from a git working tree with uncommitted changes (the patch is recorded)
-        repo_path=None, # the git repository of the code; default: the one holding the working directory
-        ledger=None, # a `Ledger` or a path: one record per fit
+        repo_path:str|Path|None=None, # a folder inside the code's git repository; None: the working directory
+        ledger:Ledger|str|Path|None=None, # the ledger, or its path, that gets one record per fit; None: no records
         experiment:str|None=None, # experiment name in the ledger
         variant:str|None=None, # variant name in the ledger (e.g. 'baseline')
-        metric_version:str|None=None, # version of the validation data/procedure/metric (anti-pattern 10)
+        metric_version:str|None=None, # version of the validation data, procedure and metric; runs of other versions are not compared
         tags:dict|None=None, # user tags stored with each ledger record
         allow_cudnn_rnn_dropout:bool=False, # accept cuDNN's uncapturable RNN dropout on CUDA
     ):
-        store_attr(but='ledger')
-        self.ledger = Ledger(ledger) if isinstance(ledger, (str, Path)) else ledger
-        self.fit_idx, self.epoch_done, self.n_epoch_done, self.mid_epoch = -1, -1, None, False
-        self._staged, self._switches_before, self.run_id, self.git, self.env, self.prov = None, None, None, None, None, None
-        self.trace, self._reported = _Trace(), set()
+        store_attr('seed,deterministic,warn_only,deterministic_data,per_item,allow_dirty,repo_path,allow_cudnn_rnn_dropout')
+        self.trace, self.findings = Trace(trace_every), Findings()
+        self.record = FitRecord(ledger, experiment, variant, metric_version, tags)
+        self.position = Position()   # where the run stands
+        self.pending = None          # a loaded checkpoint's state, until the next fit takes it
+        self.resuming = None         # that state, taken by the running fit, until its first epoch applies it
+        self.prov = self.device = self._switches_before = None  # the running fit's provenance, device, switches before it
+        self.active, self.cancelled, self.start_epoch = False, False, 0
 
-# %% ../nbs/03_callback.ipynb #fd06b9d9
-@patch
-def _start_fit(self:ReproCB):
-    "Decide this fit's index and check a resume against the staged checkpoint"
-    start, st = resume_epoch(self.learn), self._staged
-    if st is not None and 'grad_present' in st: set_grad_presence(self.model, st['grad_present'])
-    if start > 0:
-        if st is None:
-            warnings.warn(f"This fit resumes at epoch {start} but no fastrepro checkpoint was loaded: generator states, "
-                          "progress and the Recorder are not restored, so it will not be bit-identical.")
-            self.fit_idx = max(self.fit_idx, 0)
-            return start
-        if st['mid_epoch']:
-            warnings.warn(f"The loaded checkpoint was written during epoch {st['epoch']+1}: mid-epoch resume is not "
-                          "supported, so this run will not be bit-identical. Resume from an end-of-epoch checkpoint.")
-        if st['epoch'] + 1 != start:
-            raise ResumeError(f"The loaded checkpoint was saved after epoch {st['epoch']} (0-based) of its fit, so the "
-                              f"resumed fit must start at epoch {st['epoch']+1}; got start_epoch={start}.")
-        if st['n_epoch'] != self.n_epoch:
-            raise ResumeError(f"The loaded checkpoint comes from a {st['n_epoch']}-epoch fit; resuming it with n_epoch="
-                              f"{self.n_epoch} changes the schedule. Call the same fit method with n_epoch={st['n_epoch']}.")
-        self.fit_idx = st['fit_idx']
-    else:
+    def before_fit(self):
+        self.active = in_fit(self.learn) and not in_lr_find(self.learn)  # not `validate`, `get_preds` or `lr_find`
+        if not self.active: return
+        if self.seed is None:
+            self.seed = secrets.randbits(SEED_DRAW_BITS)
+            print(f"ReproCB: no seed given, drew seed={self.seed}; replay this run with ReproCB(seed={self.seed}).")
+        self.start_epoch, self.cancelled = resume_epoch(self.learn), False
+        self.resuming = self._begin_fit(self.start_epoch)
+        self.prov = run_provenance(self.repo_path or '.', allow_dirty=self.allow_dirty)  # refuses a dirty tree
+        if self.deterministic: self._switches_before = set_deterministic(True, warn_only=self.warn_only)
+        env = environment_info()  # with the fit's switches
+        self.prov.update(env=env, env_hash=env['env_hash'])
+        self.device = str(getattr(self.dls, 'device', None) or default_device())
+        found = audit_fit(self.learn, env, self.allow_cudnn_rnn_dropout)
+        if self.resuming is not None and self.start_epoch: found += audit_resume(self.resuming['provenance'], self._provenance())
+        self.findings.report(found)
+        if self.deterministic_data: make_deterministic(self.dls, derive_seed(self.seed, 'data'), per_item=self.per_item)
+        if self.start_epoch == 0: seed_global(derive_seed(self.seed, self.position.fit, 'fit'))
+        resumed = self.resuming['ledger_run'] if self.resuming is not None and self.start_epoch else None
+        self.record.start(self.learn, self.seed, self.position.fit, self.start_epoch, self.prov, resumed=resumed)
+
+    def before_epoch(self):
+        if not self.active or self.epoch < self.start_epoch: return
+        if self.resuming is not None: self._resume(self.resuming)
+        self._barrier(self.epoch)
+        self.position.epoch, self.position.batch = self.epoch, 0
+
+    def before_train(self):
+        if self.active and self.deterministic_data: set_epoch(self.dls.train, (self.position.fit, self.epoch))
+
+    def before_validate(self):
+        if self.active and self.deterministic_data: set_epoch(self.dl, (self.position.fit, self.epoch))
+
+    def after_batch(self):
+        if not (self.active and self.training): return
+        self.trace.record(self.position.fit, self.epoch, self.learn.train_iter, self.learn.loss, self.model)
+        self.position.batch += 1
+
+    def after_epoch(self):
+        if not self.active or self.epoch < self.start_epoch: return
+        self.trace.flush()
+        self.position.epoch, self.position.batch = self.epoch + 1, 0
+
+    def after_cancel_fit(self): self.cancelled = True
+    def after_fit(self):
+        self._end_fit('interrupted' if self.cancelled else 'completed', 'cancelled (CancelFitException)' if self.cancelled else None)
+    def after_fit_exception(self, exc):
+        self._end_fit('interrupted' if isinstance(exc, (KeyboardInterrupt, SystemExit)) else 'failed', f"{type(exc).__name__}: {exc}")
+
+    def state_dict(self) -> dict:
+        "Where the run stands and what a fit that resumes it needs, `weights_only`-safe"
+        if self.pending is not None: return self.pending  # loaded and not fitted since: the same checkpoint
+        rec = getattr(self.learn, 'recorder', None)
+        res = dict(seed=self.seed, position=self.position.state_dict(self.learn), grad_present=grad_presence(self.model),
+                   recorder=recorder_state(rec) if rec is not None and hasattr(rec, 'lrs') else None,
+                   trace=self.trace.state_dict(), provenance=self._provenance(), ledger_run=self.record.run_id)
+        if not self.deterministic_data: res['loader_orders'] = loader_orders(self.dls)
+        return res
+
+    def load_state_dict(self, d:dict):
+        "Keep a checkpoint's state pending: the next fit takes it (`_begin_fit`) and applies it (`_resume`)"
+        if self.seed is not None and d['seed'] != self.seed:
+            warnings.warn(f"The checkpoint was written by a run with seed={d['seed']}; this ReproCB has seed={self.seed}. "
+                          "The checkpoint's seed is used, so the resumed run continues its streams.")
+        self.seed, self.pending = d['seed'], d
+
+    @property
+    def git(self) -> dict|None:
+        "The running (or last) fit's git record, with the patch of a dirty tree"
+        return None if self.prov is None else dict(self.prov['git'], patch=self.prov['patch'])
+    @property
+    def env(self) -> dict|None:
+        "The running (or last) fit's environment: versions, hardware, threads, switches"
+        return None if self.prov is None else self.prov['env']
+
+    def _provenance(self) -> dict:
+        return dict(env=self.env or environment_info(), git=pack_git(self.git), device=self.device)
+
+    def _begin_fit(self, start:int) -> dict|None:
+        "Check this fit against the pending checkpoint, once, and set its position; the checkpoint's state, if any"
+        p, self.pending = self.pending, None
+        if start > 0:
+            if p is None:
+                warnings.warn(f"This fit resumes at epoch {start} but no fastrepro checkpoint was loaded: the Recorder, the "
+                              "iteration count and the trace are not restored, so it will not be bit-identical.")
+                self.position = Position(max(self.position.fit, 0), self.n_epoch, start)
+                return None
+            pos = p['position']
+            if pos['batch']:
+                warnings.warn(f"The loaded checkpoint was written during epoch {pos['epoch']} (after {pos['batch']} batches): "
+                              "mid-epoch resume is not supported, so this run will not be bit-identical.")
+            if pos['epoch'] != start:
+                raise ResumeError(f"The loaded checkpoint stopped before epoch {pos['epoch']} of its fit, so the resumed fit "
+                                  f"must start at epoch {pos['epoch']}; got start_epoch={start}.")
+            if pos['n_epoch'] != self.n_epoch:
+                raise ResumeError(f"The loaded checkpoint comes from a {pos['n_epoch']}-epoch fit; resuming it with n_epoch="
+                                  f"{self.n_epoch} changes the schedule. Call the same fit method with n_epoch={pos['n_epoch']}.")
+            self.position = Position(pos['fit'], self.n_epoch, start)
+            return p
         dropped = _dropped_start_epoch()
         if dropped:
             raise ResumeError(f"`{dropped[0]}` was called with start_epoch={dropped[1]} but does not pass it on to "
                               "`Learner.fit` (fastai's `fit_flat_cos` does this), so this fit would silently restart at "
                               "epoch 0. Resume with `fit_one_cycle`, `fit_sgdr` or `fit`, which honour start_epoch.")
-        if st is not None:
-            if st['epoch'] + 1 < st['n_epoch']:
-                warnings.warn(f"The loaded checkpoint stopped after epoch {st['epoch']} of a {st['n_epoch']}-epoch fit, "
-                              f"but this fit starts at epoch 0. To resume it, pass start_epoch={st['epoch']+1}.")
-            self.fit_idx = max(self.fit_idx, st['fit_idx'])
-            self._staged = None
-        self.fit_idx += 1
-    return start
+        fit = self.position.fit
+        if p is not None:
+            pos = p['position']
+            if pos['n_epoch'] is not None and pos['epoch'] < pos['n_epoch']:
+                warnings.warn(f"The loaded checkpoint stopped before epoch {pos['epoch']} of a {pos['n_epoch']}-epoch fit, "
+                              f"but this fit starts at epoch 0. To resume it, pass start_epoch={pos['epoch']}.")
+            fit = max(fit, pos['fit'])
+        self.position = Position(fit + 1, self.n_epoch, 0)
+        return p  # a new fit after the checkpoint's: it continues the trace, and the gradients the optimizer steps
 
-# %% ../nbs/03_callback.ipynb #1cacf2ef
-@patch
-def before_fit(self:ReproCB):
-    self.active = in_fit(self.learn) and not in_lr_find(self.learn)
-    if not self.active: return
-    if self.seed is None:
-        self.seed = secrets.randbits(SEED_DRAW_BITS)
-        print(f"ReproCB: no seed given, drew seed={self.seed}; replay this run with ReproCB(seed={self.seed}).")
-    self.start_epoch = self._start_fit()
-    self._check_provenance()
-    staged = self._staged
-    if self.deterministic: self._switches_before = set_deterministic(True, warn_only=self.warn_only)
-    self.switches, self.num_threads = deterministic_switches(), torch.get_num_threads()
-    self.device = str(getattr(self.dls, 'device', None) or default_device())
-    self._audit(staged)
-    if staged:
-        diff = env_diff(staged['meta']['env'], self.env)
-        if diff: warnings.warn("The checkpoint was written in another environment; bit-identity is not guaranteed. "
-                               "Differences: " + '; '.join(f"{k}: {a} -> {b}" for k, (a, b) in diff.items()))
-    if self.deterministic_data: make_deterministic(self.dls, derive_seed(self.seed, 'data'), per_item=self.per_item)
-    if self.start_epoch == 0: seed_global(derive_seed(self.seed, self.fit_idx, 'fit'))
-    self._ledger_start()
+    def _resume(self, p:dict):
+        "Apply the checkpoint state `p` the running fit took, at its first epoch (see above why not earlier)"
+        self.resuming = None
+        self.trace.load_state_dict(p['trace'])
+        set_grad_presence(self.model, p['grad_present'])
+        if self.start_epoch == 0: return  # a new fit: a fresh Recorder, iterations from 0
+        if p['recorder'] is not None and hasattr(self.learn, 'recorder'):
+            set_recorder_state(self.learn.recorder, p['recorder'], self.dls.device or 'cpu')
+        self.learn.train_iter = p['position']['train_iter']
+        if 'loader_orders' in p: set_loader_orders(self.dls, p['loader_orders'])
 
-# %% ../nbs/03_callback.ipynb #74d423e0
-@patch
-def _audit(self:ReproCB, staged):
-    "Report what the model and the switches leave nondeterministic, each finding once per callback"
-    found = audit_model(self.model, device_type=torch.device(self.device).type, warn=False,
-                        allow_cudnn_rnn_dropout=self.allow_cudnn_rnn_dropout)
-    found += audit_switches(self.switches, recorded=staged['meta']['switches'] if staged else None, warn=False,
-                            num_threads=self.num_threads, recorded_threads=staged['meta']['num_threads'] if staged else None)
-    stock = [type(cb).__name__ for cb in self.learn.cbs if isinstance(cb, MixedPrecision) and not is_stateful(cb)]
-    if stock: found.append(f"{stock[0]} keeps its loss scale out of checkpoints, so a resumed run restarts at the "
-                           "initial scale: use `learn.to_repro_fp16()` (ReproMixedPrecision) instead")
-    new = [f for f in found if f not in self._reported]
-    if new: warnings.warn("ReproCB audit:\n- " + "\n- ".join(new), NondeterminismWarning)
-    self._reported.update(new)
+    def _barrier(self, epoch:int):
+        "Seed every generator, each DataLoader's included, from (seed, fit index, epoch)"
+        seed_global(derive_seed(self.seed, self.position.fit, epoch))
+        for i, dl in enumerate(self.dls.loaders): dl.rng = random.Random(derive_seed(self.seed, self.position.fit, epoch, 'dl', i))
 
-# %% ../nbs/03_callback.ipynb #3e18bfc9
-@patch
-def _check_provenance(self:ReproCB):
-    "Record the code's commit and the environment; refuse a dirty tree unless `allow_dirty`"
-    self.prov = run_provenance(self.repo_path or '.', allow_dirty=self.allow_dirty)
-    self.git, self.env = dict(self.prov['git'], patch=self.prov['patch']), self.prov['env']
-
-# %% ../nbs/03_callback.ipynb #cbfbc59e
-@patch
-def _reseed(self:ReproCB, epoch:int):
-    "Seed every generator, each DataLoader's included, from (seed, fit index, epoch)"
-    seed_global(derive_seed(self.seed, self.fit_idx, epoch))
-    for i, dl in enumerate(self.dls.loaders): dl.rng = random.Random(derive_seed(self.seed, self.fit_idx, epoch, 'dl', i))
-
-# %% ../nbs/03_callback.ipynb #f54537cd
-@patch
-def before_epoch(self:ReproCB):
-    if not self.active or self.epoch < self.start_epoch: return
-    if self.epoch == self.start_epoch and self._staged is not None: self._apply_staged()
-    self._reseed(self.epoch)
-    self.mid_epoch = True
-
-@patch
-def _apply_staged(self:ReproCB):
-    "Restore a loaded checkpoint's state at the start of the resumed epoch"
-    st, self._staged = self._staged, None
-    restore_rng_states(st['rng'], self.dls)
-    if st['recorder'] is not None and hasattr(self.learn, 'recorder'):
-        _set_recorder_state(self.learn.recorder, st['recorder'], self.dls.device or 'cpu')
-    self.learn.train_iter = st['train_iter']
-
-# %% ../nbs/03_callback.ipynb #46d3068e
-@patch
-def before_train(self:ReproCB):
-    if self.active and self.deterministic_data: set_epoch(self.dls.train, (self.fit_idx, self.epoch))
-
-@patch
-def before_validate(self:ReproCB):
-    if self.active and self.deterministic_data: set_epoch(self.dl, (self.fit_idx, self.epoch))
-
-@patch
-def after_batch(self:ReproCB):
-    if not (self.active and self.training): return
-    it = self.learn.train_iter
-    self.trace.add(self.fit_idx, self.epoch, it, self.learn.loss.detach())
-    if self.trace_every and it % self.trace_every == 0:
-        names, params = zip(*[(n, p) for n, p in self.model.named_parameters()])
-        self.trace.add_fp(list(names), torch.stack(torch._foreach_norm([p.detach() for p in params])).float())
-
-@patch
-def after_epoch(self:ReproCB):
-    if not self.active or self.epoch < self.start_epoch: return
-    self.trace.flush()
-    self.epoch_done, self.n_epoch_done, self.mid_epoch = self.epoch, self.n_epoch, False
-
-# %% ../nbs/03_callback.ipynb #83306243
-@patch
-def _end_fit(self:ReproCB, status:str, notes:str|None=None):
-    if not getattr(self, 'active', False): return
-    self.active = False
-    if self._switches_before is not None: set_switches(self._switches_before); self._switches_before = None
-    if self.deterministic_data: undo_deterministic(self.dls)
-    self.trace.flush()
-    self._ledger_end(status, notes)
-
-@patch
-def after_cancel_fit(self:ReproCB): self._cancelled = True
-@patch
-def after_fit(self:ReproCB):
-    cancelled, self._cancelled = getattr(self, '_cancelled', False), False
-    self._end_fit('interrupted' if cancelled else 'completed', 'cancelled (CancelFitException)' if cancelled else None)
-@patch
-def after_fit_exception(self:ReproCB, exc):
-    self._end_fit('interrupted' if isinstance(exc, KeyboardInterrupt) else 'failed', f"{type(exc).__name__}: {exc}")
-
-# %% ../nbs/03_callback.ipynb #55c7e14f
-@patch
-def _metrics(self:ReproCB) -> dict:
-    "Final and best value of each recorded metric of this fit"
-    rec = getattr(self.learn, 'recorder', None)
-    if rec is None or not rec.values: return {}
-    names = [n for n in rec.metric_names[1:] if n != 'time']
-    final = dict(zip(names, rec.values[-1]))
-    cols = list(zip(*[v for v in rec.values if len(v) == len(names)]))
-    best = {n: (min if any(s in n for s in LOSS_NAMES) else max)(c) for n, c in zip(names, cols)}
-    return {'final': final, 'best': best}
-
-@patch
-def _ledger_start(self:ReproCB):
-    if self.ledger is None: return
-    opt = self.learn.opt
-    hp = dict(lr=float(opt.hypers[-1]['lr']) if opt is not None else None, epochs=self.n_epoch, bs=getattr(self.dls, 'bs', None),
-              arch=type(get_model(self.model)).__name__, loss_func=type(self.learn.loss_func).__name__,
-              fit_idx=self.fit_idx, start_epoch=self.start_epoch)
-    self._started = time.time()
-    self.run_id = self.ledger.add(dict(experiment=self.experiment or DEFAULT_EXPERIMENT, variant=self.variant, seed=self.seed,
-        hyperparameters=hp, tags=self.tags, metric_version=self.metric_version, data_fingerprint=data_fingerprint(self.dls),
-        status='running', started=self._started, **self.prov))
-
-@patch
-def _ledger_end(self:ReproCB, status:str, notes:str|None=None):
-    if self.ledger is None or self.run_id is None: return
-    now = time.time()
-    self.ledger.update(self.run_id, status=status, metrics=self._metrics(), finished=now, duration=now-self._started, notes=notes)
-    self.run_id = None
+    def _end_fit(self, status:str, notes:str|None=None):
+        "Put back what the fit changed, and complete its record; also when it raised"
+        if not self.active: return
+        self.active = False
+        if self._switches_before is not None: set_switches(self._switches_before); self._switches_before = None
+        if self.deterministic_data: undo_deterministic(self.dls)
+        self.trace.flush()
+        self.record.end(self.learn, status, notes)
 
 # %% ../nbs/03_callback.ipynb #017b5006
-@patch
-def state_dict(self:ReproCB) -> dict:
-    "Everything a resumed run needs, `weights_only`-safe"
-    meta = dict(seed=self.seed, fit_idx=self.fit_idx, epoch=self.epoch_done, n_epoch=self.n_epoch_done,
-                iteration=getattr(self.learn, 'train_iter', 0), mid_epoch=self.mid_epoch,
-                switches=getattr(self, 'switches', deterministic_switches()), num_threads=torch.get_num_threads(),
-                device=getattr(self, 'device', None), env=self.env or environment_info(), git=pack_git(self.git))
-    rec = getattr(self.learn, 'recorder', None)
-    return dict(meta=meta, seed=self.seed, fit_idx=self.fit_idx, epoch=self.epoch_done, n_epoch=self.n_epoch_done,
-                train_iter=meta['iteration'], mid_epoch=self.mid_epoch, rng=rng_states(self.dls), grad_present=grad_presence(self.model),
-                recorder=_recorder_state(rec) if rec is not None and hasattr(rec, 'lrs') else None,
-                trace=self.trace.state_dict())
+def loader_orders(dls) -> list:
+    "The order of each loader of `dls` that reshuffles its previous order in place (fastai's `LMDataLoader`), else None"
+    return [loader_order(dl) for dl in dls.loaders]
 
-@patch
-def load_state_dict(self:ReproCB, d:dict):
-    "Stage a checkpoint's state; it takes effect at the start of the resumed epoch"
-    if self.seed is not None and d['seed'] != self.seed:
-        warnings.warn(f"The checkpoint was written by a run with seed={d['seed']}; this ReproCB has seed={self.seed}. "
-                      f"The checkpoint's seed is used, so the resumed run continues its streams.")
-    self.seed = d['seed']
-    self._staged = d
-    self.trace.load_state_dict(d['trace'])
-    self.git = self.git or unpack_git(d['meta'].get('git'))
+def set_loader_orders(dls, orders:list):
+    "Put back the orders `loader_orders` returned"
+    for dl, order in zip(dls.loaders, orders):
+        if order is not None: set_loader_order(dl, order)
+
+@checkpoint_summary('repro_cb')
+def _repro_summary(state:dict) -> dict:
+    "What `checkpoint_info` shows of a `ReproCB` state"
+    pos, prov = state['position'], state['provenance']
+    return dict(seed=state['seed'], fit_idx=pos['fit'], n_epoch=pos['n_epoch'], start_epoch=pos['epoch'], batch=pos['batch'],
+                iteration=pos['train_iter'], env=prov['env'], git=unpack_git(prov['git']), device=prov['device'])
 
 # %% ../nbs/03_callback.ipynb #c6881974
 @patch(as_prop=True)
 def repro_trace(self:Learner) -> pd.DataFrame:
-    "The per-iteration trace of the attached `ReproCB`: fit, epoch, iter, exact loss, parameter fingerprints"
+    "The per-iteration trace of the attached `ReproCB`: fit, epoch, iter, exact loss, parameter norms"
     return self.repro_cb.trace.frame()

@@ -1,4 +1,4 @@
-"""`learn.save` and `learn.load` that carry the state of every stateful callback (RNG states, progress, loss scaler), written atomically, loaded safely, still readable by plain fastai.
+"""`learn.save` and `learn.load` that carry the state of every stateful callback (generator states, progress, loss scaler), written atomically, loaded safely, still readable by plain fastai.
 
 Docs: https://fastrepro.github.io/fastrepro/checkpoint.html.md"""
 
@@ -6,21 +6,19 @@ Docs: https://fastrepro.github.io/fastrepro/checkpoint.html.md"""
 
 # %% ../nbs/02_checkpoint.ipynb #95a33e88
 from __future__ import annotations
-import os, io, sys, time, ctypes, pickle, hashlib, zipfile, tempfile, warnings, functools
+import os, sys, ctypes, pickle, hashlib, zipfile, tempfile, warnings, functools
 from fastai.basics import *
 from fastai.text.learner import TextLearner, clean_raw_keys
-from . import __version__
 from .core import *
-from .provenance import unpack_git
 
 # %% auto #0
-__all__ = ['STATE_KEY', 'FORMAT_VERSION', 'TMP_PREFIX', 'DURABLE', 'CheckpointError', 'atomic_save', 'fastai_safe_globals',
-           'read_checkpoint', 'split_state', 'model_signature', 'data_signature', 'check_compatible', 'repro_state',
-           'to_plain', 'checkpoint_info']
+__all__ = ['STATE_KEY', 'FORMAT_VERSION', 'TMP_PREFIX', 'DURABLE', 'CheckpointError', 'atomic_torch_save', 'fastai_safe_globals',
+           'read_checkpoint', 'split_state', 'model_signature', 'data_signature', 'check_compatible',
+           'checkpoint_state', 'to_plain', 'checkpoint_summary', 'checkpoint_info']
 
 # %% ../nbs/02_checkpoint.ipynb #f299278a
 STATE_KEY = '__fastrepro__'   # where fastrepro's state lives inside the optimizer entry
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1            # the checkpoint layout; a change bumps it, and the previous version keeps loading
 
 # %% ../nbs/02_checkpoint.ipynb #e0329bf7
 class CheckpointError(RuntimeError):
@@ -49,7 +47,7 @@ def _move_into_place(tmp, file):
     if _exchange(tmp, file): os.unlink(tmp)  # `tmp` names the previous checkpoint now
     else: os.replace(tmp, file)
 
-def atomic_save(obj, # what to save with `torch.save`
+def atomic_torch_save(obj, # what to save with `torch.save`
                 file, # the final path
                 durable:bool=DURABLE, # also `fsync` before the swap: survives a power cut, not only a killed process
                 **torch_save_kwargs):
@@ -124,27 +122,27 @@ def data_signature(dls) -> dict:
 # %% ../nbs/02_checkpoint.ipynb #24b25f7e
 def check_compatible(learn, extra:dict, file):
     "Raise `CheckpointError` when the checkpoint in `file` (fastrepro state `extra`) belongs to another model or data"
-    meta = extra.get('meta', {})
-    saved, cur = meta.get('model'), model_signature(learn.model)
-    if saved and saved['digest'] != cur['digest']:
+    if extra['format'] > FORMAT_VERSION:
+        raise CheckpointError(f"{file} was written by a newer fastrepro (checkpoint format {extra['format']}; this one "
+                              f"reads up to {FORMAT_VERSION}): upgrade fastrepro to resume from it.")
+    saved, cur = extra['model'], model_signature(learn.model)
+    if saved['digest'] != cur['digest']:
         a, b = saved['shapes'], cur['shapes']
         diffs = [f"{k}: checkpoint {a.get(k)} vs model {b.get(k)}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
         raise CheckpointError(f"{file} was saved from another architecture; {len(diffs)} parameter(s) differ, e.g. "
                               + '; '.join(diffs[:3]) + ". Build the learner with the same architecture and config.")
-    saved, cur = meta.get('data', {}), data_signature(learn.dls)
+    saved, cur = extra['data'], data_signature(learn.dls)
     if saved.get('vocab_digest') and cur.get('vocab_digest') and saved['vocab_digest'] != cur['vocab_digest']:
         raise CheckpointError(f"{file} was trained with another vocabulary (sizes {saved['vocab_sizes']}) than this "
                               f"learner's DataLoaders (sizes {cur['vocab_sizes']}): its embeddings would be silently "
                               "scrambled. Rebuild the DataLoaders with the checkpoint's vocab (`vocab=...`) or the same data.")
 
 # %% ../nbs/02_checkpoint.ipynb #8fa78b9f
-def repro_state(learn) -> dict:
-    "fastrepro's part of a checkpoint: metadata and the state of every stateful callback"
-    cbs = stateful_cbs(learn)
-    states = {cb.name: cb.state_dict() for cb in cbs}
-    meta = dict(fastrepro_version=__version__, saved_at=time.time(), model=model_signature(learn.model), data=data_signature(learn.dls))
-    for s in states.values(): meta.update(s.get('meta', {}) if isinstance(s, dict) else {})
-    return to_plain({'format': FORMAT_VERSION, 'meta': meta, 'callbacks': states})
+def checkpoint_state(learn) -> dict:
+    "fastrepro's part of a checkpoint of `learn`: the format, what it belongs to, and every stateful callback's state"
+    states = {cb.name: cb.state_dict() for cb in stateful_cbs(learn)}
+    return to_plain({'format': FORMAT_VERSION, 'model': model_signature(learn.model), 'data': data_signature(learn.dls),
+                     'callbacks': states})
 
 # %% ../nbs/02_checkpoint.ipynb #6d56b7c8
 _PLAIN = (bool, int, float, str, bytes, type(None))
@@ -176,13 +174,13 @@ def save(self:Learner, file, **kwargs):
     file = join_path_file(file, self.path/self.model_dir, ext='.pth')
     opt = getattr(self, 'opt', None)
     opt_state = opt.state_dict() if kwargs.get('with_opt', True) and opt is not None else {}
-    state = {'model': get_model(self.model).state_dict(), 'opt': {**opt_state, STATE_KEY: repro_state(self)}}
-    atomic_save(state, file, pickle_protocol=kwargs.get('pickle_protocol', 2))
+    state = {'model': get_model(self.model).state_dict(), 'opt': {**opt_state, STATE_KEY: checkpoint_state(self)}}
+    atomic_torch_save(state, file, pickle_protocol=kwargs.get('pickle_protocol', 2))
     return file
 
 # %% ../nbs/02_checkpoint.ipynb #68efeb47
-def _stage(learn, extra, file):
-    "Hand each stateful callback its part of `extra` (fastrepro state read from `file`)"
+def _hand_over(learn, extra, file):
+    "Give each stateful callback its part of `extra` (fastrepro state read from `file`): it keeps it pending"
     cbs = stateful_cbs(learn)
     if in_fit(learn): return  # a reload inside a fit (SaveModelCallback's best model) restores weights, not a resume point
     if extra is None:
@@ -198,7 +196,7 @@ def _stage(learn, extra, file):
                               "attach them before `load` to resume exactly.")
 
 def _repro_load(fastai_load, clean_keys=noop):
-    "Wrap one of fastai's `load` methods: read a fastrepro checkpoint once, check it, load it, stage its state"
+    "Wrap one of fastai's `load` methods: read a fastrepro checkpoint once, check it, load it, hand over its state"
     @delegates(fastai_load)
     def load(self, file, device=None, with_opt=None, strict=True, **kwargs):
         if not _extends(self): return fastai_load(self, file, device=device, with_opt=with_opt, strict=strict, **kwargs)
@@ -211,7 +209,7 @@ def _repro_load(fastai_load, clean_keys=noop):
                                                                     weights_only=kwargs.get('weights_only', True)))
         if extra is None:   # a plain fastai checkpoint: fastai's own path, then the warning that the resume won't be exact
             res = fastai_load(self, file, device=device, with_opt=with_opt, strict=strict, **kwargs)
-            _stage(self, None, path)
+            _hand_over(self, None, path)
             return res
         check_compatible(self, extra, path)
         # fastai's load_model does these two steps too; the file is read once here instead of twice
@@ -224,20 +222,29 @@ def _repro_load(fastai_load, clean_keys=noop):
                     raise CheckpointError(f"{path}: its optimizer state does not fit this learner's optimizer ({e}); "
                                           "build the learner with the same `opt_func` and parameter groups, or load with "
                                           "`with_opt=False` (the resume will not be exact).") from e
-        _stage(self, extra, path)
+        _hand_over(self, extra, path)
         return self
-    load.__doc__ = f"{fastai_load.__doc__}; with stateful callbacks attached, also stages their state"
+    load.__doc__ = f"{fastai_load.__doc__}; with stateful callbacks attached, also hands them their state"
     return load
 
 Learner.load = _repro_load(Learner.load)
 TextLearner.load = _repro_load(TextLearner.load, clean_raw_keys)
 
 # %% ../nbs/02_checkpoint.ipynb #4db791d2
+_summaries = {}  # callback name -> function(state) -> what `checkpoint_info` shows of that callback's state
+
+def checkpoint_summary(name:str, # the callback's `name`, under which its state is stored
+                      ):
+    "Decorator registering `f(state) -> dict` as what `checkpoint_info` shows of callback `name`'s state"
+    def _register(f): _summaries[name] = f; return f
+    return _register
+
 def checkpoint_info(path) -> dict:
     "A checkpoint's metadata (seed, epoch, iteration, environment, git, ...) without building a learner"
-    state = read_checkpoint(path, mmap=True)
-    _, opt, extra = split_state(state)
-    if extra is None: return {'fastrepro': False, 'has_opt': opt is not None, 'path': str(path)}
-    meta = extra.get('meta', {})
-    return {'fastrepro': True, 'format': extra.get('format'), 'has_opt': opt is not None, 'path': str(path),
-            'callbacks': sorted(extra.get('callbacks', {})), **meta, **({'git': unpack_git(meta['git'])} if 'git' in meta else {})}
+    _, opt, extra = split_state(read_checkpoint(path, mmap=True))
+    res = {'fastrepro': extra is not None, 'has_opt': opt is not None, 'path': str(path)}
+    if extra is None: return res
+    res.update(format=extra['format'], callbacks=sorted(extra['callbacks']))
+    for name, state in extra['callbacks'].items():
+        if name in _summaries: res.update(_summaries[name](state))
+    return res

@@ -12,8 +12,8 @@ from fastcore.basics import *
 from .ledger import Ledger, LedgerError, ledger_path, metrics_frame, LEDGER_ENV, STATUSES
 
 # %% auto #0
-__all__ = ['COMMANDS', 'EXIT_USAGE', 'EXIT_REGRESSION', 'LEDGER_ARG', 'CLIError', 'arg', 'command', 'parser', 'main',
-           'env_command', 'open_ledger', 'runs_command', 'compare_command', 'diff_command', 'demo_command']
+__all__ = ['COMMANDS', 'EXIT_USAGE', 'EXIT_REGRESSION', 'LEDGER_ARG', 'COMPARE_NEEDS', 'CLIError', 'arg', 'command', 'parser',
+           'main', 'env_command', 'open_ledger', 'runs_command', 'compare_command', 'diff_command', 'demo_command']
 
 # %% ../nbs/14_cli.ipynb #37049b5c
 COMMANDS = {}  # subcommand name -> (function, arguments)
@@ -132,10 +132,12 @@ def runs_command(args):
         with pd.option_context('display.width', 200, 'display.max_columns', None): print(_runs_table(runs).reset_index().to_string(index=False))
 
 # %% ../nbs/14_cli.ipynb #dbd51dc3
-@command('compare', LEDGER_ARG, arg('--experiment', required=True, help='the experiment'),
-         arg('--baseline', required=True, metavar='VARIANT', help='the baseline variant'),
-         arg('--variant', required=True, help='the variant to compare with the baseline'),
-         arg('--metric', required=True, help='the metric, e.g. accuracy'),
+COMPARE_NEEDS = ('experiment', 'baseline', 'variant', 'metric')  # what a comparison cannot do without
+
+@command('compare', LEDGER_ARG, arg('--experiment', help='the experiment (required)'),
+         arg('--baseline', metavar='VARIANT', help='the baseline variant (required)'),
+         arg('--variant', help='the variant to compare with the baseline (required)'),
+         arg('--metric', help='the metric, e.g. accuracy (required)'),
          arg('--lower-is-better', action='store_true', help='the metric is a loss or an error rate'),
          arg('--best', action='store_true', help="compare the runs' best instead of final metric values"),
          arg('--alpha', type=float, default=0.05, help='significance level (default: 0.05)'),
@@ -144,6 +146,11 @@ def runs_command(args):
          arg('--json', action='store_true', help='print the result as JSON'))
 def compare_command(args):
     "Test whether a variant of an experiment differs from its baseline, over the completed runs in a ledger"
+    missing = [f'--{k}' for k in COMPARE_NEEDS if getattr(args, k) is None]
+    if missing:
+        raise CLIError(f"a comparison needs an experiment, a baseline variant, a variant and a metric; missing: "
+                       f"{' '.join(missing)}. `fastrepro runs` lists the experiments, variants and metrics a ledger holds, "
+                       "e.g. `fastrepro compare --experiment imdb --baseline baseline --variant mixup --metric accuracy`.")
     ledger = open_ledger(args.ledger)
     r = ledger.compare(args.metric, dict(experiment=args.experiment, variant=args.baseline),
                        dict(experiment=args.experiment, variant=args.variant), higher_is_better=not args.lower_is_better,

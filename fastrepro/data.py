@@ -39,9 +39,10 @@ class DataStreams:
                  epoch=0, # the pass coordinate: an int, or a tuple such as `(fit_idx, epoch)`
                  per_item:bool=True, # seed the generators before each item (True) or once per batch (False, cheaper)
                  dl_idx:int=0, # the loader's index in its `DataLoaders`, so that train and valid draw different streams
-                 quiet:bool=False, # the loader's steps draw no random numbers (`steps_draw`): only its order is seeded
+                 steps_draw:bool=True, # the loader's steps can draw random numbers (`steps_draw`); if not, only its order is seeded
                 ):
-        self.seed,self.per_item,self.dl_idx,self.epoch,self.quiet = int(seed),bool(per_item),int(dl_idx),_as_epoch(epoch),bool(quiet)
+        self.seed, self.per_item, self.dl_idx, self.epoch = int(seed), bool(per_item), int(dl_idx), _as_epoch(epoch)
+        self.steps_draw = bool(steps_draw)
         self.step = None  # the batch `__iter__` is fetching in the main process (not state: it lives within a pass)
 
     def seed_for(self, *coords) -> int:
@@ -53,17 +54,8 @@ class DataStreams:
         e = self.epoch
         self.epoch = e[:-1]+(e[-1]+1,) if isinstance(e, tuple) else e+1
 
-    def state_dict(self) -> dict:
-        "Ints, a bool and a list only, so that `torch.load(weights_only=True)` reads it back"
-        epoch = list(self.epoch) if isinstance(self.epoch, tuple) else self.epoch
-        return {'seed': self.seed, 'epoch': epoch, 'per_item': self.per_item, 'dl_idx': self.dl_idx, 'quiet': self.quiet}
-
-    def load_state_dict(self, d:dict):
-        "Continue the streams of `d` (from `state_dict`)"
-        self.__init__(d['seed'], d['epoch'], d.get('per_item', self.per_item), d.get('dl_idx', self.dl_idx), d.get('quiet', self.quiet))
-
     def __repr__(self):
-        return f"DataStreams(seed={self.seed}, epoch={self.epoch}, per_item={self.per_item}, dl_idx={self.dl_idx}, quiet={self.quiet})"
+        return f"DataStreams(seed={self.seed}, epoch={self.epoch}, per_item={self.per_item}, dl_idx={self.dl_idx}, steps_draw={self.steps_draw})"
 
 # %% ../nbs/05_data.ipynb #e1584ea1
 def _seed_cpu(seed:int):
@@ -160,7 +152,7 @@ def _stream_batches(dl, st:DataStreams, samps):
 def create_batches(self:DataLoader, samps):
     "fastai's `create_batches`; with streams, each item (or batch) is made under its own stream"
     st = data_streams(self)
-    return _fastai['create_batches'](self, samps) if st is None or st.quiet else _stream_batches(self, st, samps)
+    return _fastai['create_batches'](self, samps) if st is None or not st.steps_draw else _stream_batches(self, st, samps)
 
 # %% ../nbs/05_data.ipynb #436811e5
 def _stream_iter(dl, st:DataStreams):
@@ -169,7 +161,7 @@ def _stream_iter(dl, st:DataStreams):
     dl.fake_l.generator = torch.Generator().manual_seed(st.seed_for(WORKER_STREAM))
     cuda_gen,batches,done = _cuda_gen(dl),_fastai['__iter__'](dl),object()
     for i in itertools.count():
-        if st.quiet: b = next(batches, done)  # nothing in the step draws: no stream needed
+        if not st.steps_draw: b = next(batches, done)  # nothing in the step draws: no stream needed
         else:
             st.step = i
             try:
@@ -200,7 +192,7 @@ def items_draw(dl) -> bool:
     if not isinstance(dl, (LMDataLoader, SortedDL)): return True
     return any(isinstance(f, RandTransform) for f in _tfms(dl, ('after_item',)))
 
-def _quiet_tfms() -> tuple:
+def _drawless_tfms() -> tuple:
     "fastai's transforms whose `encodes` draw no random numbers (the ones its text and tabular-style loaders are made of)"
     from fastai.data.transforms import ToTensor, ColReader, Categorize, MultiCategorize, RegressionSetup
     from fastai.text.core import Tokenizer
@@ -208,12 +200,12 @@ def _quiet_tfms() -> tuple:
     return (ToTensor, ColReader, Categorize, MultiCategorize, RegressionSetup, Tokenizer, Numericalize, Pad_Chunk, Pad_Input)
 
 def steps_draw(dl) -> bool:
-    "Can a step of `dl` (making a batch, `after_batch`) draw random numbers? False only for a fastai text loader made of `_quiet_tfms`"
+    "Can a step of `dl` (making a batch, `after_batch`) draw random numbers? False only for a fastai text loader made of `_drawless_tfms`"
     from fastai.text.data import LMDataLoader, SortedDL
     if type(dl) not in (LMDataLoader, SortedDL): return True  # a subclass may make its items its own way
     if any(m in dl.__dict__ for m in DataLoader._methods if m not in _PIPELINES): return True  # a method passed in
-    quiet = _quiet_tfms()
-    return not all(type(f) in quiet for f in _tfms(dl))
+    drawless = _drawless_tfms()
+    return not all(type(f) in drawless for f in _tfms(dl))
 
 def make_deterministic(dls, # a `DataLoaders`, one `DataLoader`, or a list of them
                        seed:int, # the run seed
@@ -223,8 +215,8 @@ def make_deterministic(dls, # a `DataLoaders`, one `DataLoader`, or a list of th
     "Make each DataLoader of `dls` draw its order, items and worker seeds from streams of `seed`; returns `dls`"
     for i, dl in enumerate(_loaders(dls)):
         item = items_draw(dl) if per_item is None else per_item
-        quiet = per_item is None and not steps_draw(dl)
-        dl.__dict__['repro_streams'] = DataStreams(seed, epoch=epoch, per_item=item, dl_idx=i, quiet=quiet)
+        draws = per_item is not None or steps_draw(dl)
+        dl.__dict__['repro_streams'] = DataStreams(seed, epoch=epoch, per_item=item, dl_idx=i, steps_draw=draws)
     return dls
 
 def undo_deterministic(dls):

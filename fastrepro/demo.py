@@ -21,40 +21,30 @@ from .rng import seed_everything
 from .callback import ReproCB
 from .fp16 import ReproMixedPrecision  # also adds `Learner.to_repro_fp16`, `loss_scale_history`, `plot_loss_scale`
 from .checkpoint import checkpoint_info
-from .trace import first_divergence, save_trace, trace_columns, trace_from_columns
+from .trace import first_divergence, save_trace, state_digest, RunRecord, same_run, plot_losses
 from .stats import compare, ablation, seeds_needed, MIN_SEEDS
 from .sweep import repeat
-from .ulmfit import Profile, PROFILES, get_profile, DataError, subsample, imdb_sample_df, install_imdb_sample, lm_dls, clas_dls, lm_learner, clas_learner
+from .ulmfit import *
+from .jobs import Job, job_process, job_error, STOP_EPOCH, RESUME_SEED_OFFSET
 
 # %% auto #0
-__all__ = ['SEED', 'N_SEEDS', 'CPU_THREADS', 'KILL_AFTER_EPOCH', 'RESUME_SEED_OFFSET', 'STRAY_ITER', 'FP16_INIT_SCALE',
-           'FP16_GROWTH_INTERVAL', 'FP16_CPU_EPOCHS', 'NUM_WORKERS', 'VARIANT_DROP_MULT', 'VARIANT_WD', 'METRIC',
-           'VALID_PCT', 'TEXT_COL', 'LABEL_COL', 'VALID_COL', 'NETWORK_TIMEOUT_S', 'DISCRIMINATIVE', 'ENCODER',
-           'CHECKPOINT', 'EXIT_FAILED', 'Stage', 'CLAS_RECIPE', 'CheckResult', 'demo_check', 'cpu_threads',
-           'check_text_data', 'read_text_csv', 'demo_data', 'pretrained_weights', 'lm_stages', 'clas_stages',
-           'fit_stage', 'fit_stages', 'stray_draws', 'ulmfit_lm', 'ulmfit_classifier', 'train_classifier',
-           'state_digest', 'RunRecord', 'same_run', 'ULMFiTRun', 'Demo', 'KillAfter', 'resume_job', 'StrayDraw', 'arms',
-           'profile_table', 'module_types', 'format_table', 'report_markdown', 'run_demo']
+__all__ = ['SEED', 'N_SEEDS', 'CPU_THREADS', 'STRAY_ITER', 'FP16_INIT_SCALE', 'FP16_GROWTH_INTERVAL', 'FP16_CPU_EPOCHS',
+           'VARIANT_DROP_MULT', 'VARIANT_WD', 'METRIC', 'EXIT_FAILED', 'DEMO_CHECKS', 'CheckResult', 'demo_check',
+           'cpu_threads', 'ULMFiTRun', 'Demo', 'check_same_seed', 'check_resume', 'check_fp16', 'StrayDraw',
+           'check_nondeterminism', 'arms', 'check_variants', 'profile_table', 'module_types', 'check_fast_loop',
+           'format_table', 'report_markdown', 'run_demo']
 
 # %% ../nbs/16_demo.ipynb #8b6f2714
 SEED = 42                # the demo's run seed
 N_SEEDS = MIN_SEEDS      # seeds per arm of check 5 (fewer give no usable estimate of the spread)
 CPU_THREADS = 1          # torch CPU threads of every run and subprocess of the demo (None: leave torch's default)
-KILL_AFTER_EPOCH = 0     # check 2 kills the classifier's last fit right after this epoch's checkpoint (0-based)
-RESUME_SEED_OFFSET = 1000  # the resuming process seeds its globals with seed + this: another seed, on purpose
 STRAY_ITER = 5           # check 4 draws one stray random number just before this training iteration
 FP16_INIT_SCALE = 2.**20 # check 3's first loss scale: high, so that the scaler must back off (PyTorch's default: 2**16)
 FP16_GROWTH_INTERVAL = 5 # clean steps before the scale doubles (PyTorch's default: 2000), so a short run shows growth
 FP16_CPU_EPOCHS = 1      # on a CPU float16 is emulated, several times slower than float32: check 3 trains this many epochs there
-NUM_WORKERS = 0          # DataLoader worker processes; ReproCB serves the same batches whatever the number
 VARIANT_DROP_MULT = 1.0  # change A of check 5: the classifier's dropout multiplier (the profiles use 0.5)
 VARIANT_WD = 0.1         # change B of check 5: weight decay (fastai's default for Adam: 0.01)
 METRIC = 'valid_loss'    # the metric check 5 compares (lower is better): accuracy on a few dozen texts moves in big steps
-VALID_PCT = 0.2          # validation share of a CSV without an `is_valid` column (a split seeded with the run seed)
-TEXT_COL, LABEL_COL, VALID_COL = 'text', 'label', 'is_valid'  # the columns a CSV passed as `data` has
-NETWORK_TIMEOUT_S = 3    # how long the demo waits for the pretrained weights' server before training from scratch
-DISCRIMINATIVE = 2.6**4  # ULMFiT's discriminative learning rates: the first layer group trains 2.6**4 times slower than the last
-ENCODER, CHECKPOINT = 'enc', 'ck'  # file names (in `models/`) of the saved encoder and of check 2's checkpoints
 EXIT_FAILED = 1          # exit code of `fastrepro demo` when a check fails
 
 # %% ../nbs/16_demo.ipynb #c78b972f
@@ -81,14 +71,13 @@ class CheckResult:
 
 # %% ../nbs/16_demo.ipynb #73e97525
 def demo_check(title:str, # the check's name in the report
-         ):
-    "Decorator making a `Demo` method that returns `(passed, detail, artifacts)` a check: run under the demo's CPU threads, timed, a `CheckResult`"
+              ):
+    "Decorator making `f(demo) -> (passed, detail, artifacts)` a check: run under the demo's CPU threads, timed, a `CheckResult`"
     def _deco(f):
-        f.__qualname__ = f'Demo.{f.__name__}'  # the name its docs show
         @functools.wraps(f)
-        def _check(self, *args, **kwargs) -> CheckResult:
+        def _check(demo, *args, **kwargs) -> CheckResult:
             t0 = time.perf_counter()
-            with cpu_threads(self.threads): passed, detail, artifacts = f(self, *args, **kwargs)
+            with cpu_threads(demo.threads): passed, detail, artifacts = f(demo, *args, **kwargs)
             return CheckResult(title, bool(passed), detail, artifacts, time.perf_counter() - t0)
         _check.title = title
         return _check
@@ -103,239 +92,6 @@ def cpu_threads(n:int|None, # torch CPU threads inside the block (None: leave as
     try: yield
     finally: torch.set_num_threads(before)
 
-# %% ../nbs/16_demo.ipynb #dd07b247
-def _read_csv(path:Path) -> pd.DataFrame:
-    "`path` read as a CSV, every way of failing turned into a `DataError`"
-    if not path.exists(): raise DataError(f"{path}: no such file. Pass a CSV of labelled texts ({TEXT_COL!r} and {LABEL_COL!r} columns).")
-    if not path.is_file(): raise DataError(f"{path} is not a file. Pass a CSV of labelled texts ({TEXT_COL!r} and {LABEL_COL!r} columns).")
-    try: return pd.read_csv(path)
-    except pd.errors.EmptyDataError: raise DataError(f"{path} is empty: the demo needs a CSV with a header row and labelled texts.") from None
-    except (pd.errors.ParserError, UnicodeDecodeError, OSError) as e:
-        raise DataError(f"{path} cannot be read as a CSV ({type(e).__name__}: {str(e).splitlines()[0]}). Save it as UTF-8 CSV with "
-                        f"a header row, e.g. from pandas: `df[['text', 'label']].to_csv(path, index=False)`.") from None
-
-def _valid_flags(s:pd.Series, path) -> pd.Series:
-    "The `is_valid` column as booleans: True/False, 1/0 or the strings 'true'/'false'"
-    if s.dtype == bool: return s
-    v = s.astype(str).str.strip().str.lower().map({'true': True, 'false': False, '1': True, '0': False, '1.0': True, '0.0': False})
-    if v.isna().any():
-        raise DataError(f"{path}: column {VALID_COL!r} must be True/False (or 1/0) in every row; got e.g. {s[v.isna()].iloc[0]!r}.")
-    return v.astype(bool)
-
-# %% ../nbs/16_demo.ipynb #eb836b0a
-def check_text_data(df:pd.DataFrame, # texts, labels and the `is_valid` split
-                    where='the data', # how to name the data in messages
-                    profile:str|Profile|None=None, # also check there is enough text for this profile's batches
-                   ) -> pd.DataFrame:
-    "Raise `DataError` when `df` cannot make a classifier: one class, an empty split, validation labels never trained on, too little text"
-    trn, val = df[~df[VALID_COL]], df[df[VALID_COL]]
-    if df[LABEL_COL].nunique() < 2:
-        raise DataError(f"{where}: every text has the label {df[LABEL_COL].iloc[0]!r}. A classifier needs at least two classes.")
-    for name, part in (('training', trn), ('validation', val)):
-        if part.empty: raise DataError(f"{where}: the {name} split is empty ({len(df)} texts, {int(df[VALID_COL].sum())} marked "
-                                       f"{VALID_COL}). Mark some rows, but not all, as {VALID_COL}.")
-    if trn[LABEL_COL].nunique() < 2:
-        raise DataError(f"{where}: the training split has the single class {trn[LABEL_COL].iloc[0]!r}. Put texts of every class in it "
-                        "(shuffle the rows when they are sorted by label).")
-    unseen = sorted(map(str, set(val[LABEL_COL]) - set(trn[LABEL_COL])))
-    if unseen: raise DataError(f"{where}: the validation split has labels the training split never shows: {unseen}.")
-    if profile is not None:
-        p = get_profile(profile)
-        words, need = int(trn[TEXT_COL].str.split().str.len().sum()), p.lm_bs * p.seq_len + 1
-        if words < need or len(trn) < p.clas_bs:
-            raise DataError(f"{where}: too little text for the {p.name} profile: {len(trn)} training texts with {words} words; its "
-                            f"batches need at least {p.clas_bs} texts and {need} words. Add texts or use --profile test.")
-    return df
-
-# %% ../nbs/16_demo.ipynb #7da54162
-def read_text_csv(path, # a CSV with a `text` and a `label` column, optionally `is_valid`
-                  seed:int=SEED, # seeds the validation split when the CSV has no `is_valid` column
-                  valid_pct:float=VALID_PCT, # validation share of that split
-                 ) -> pd.DataFrame:
-    "The labelled texts of a CSV with a boolean `is_valid` split, checked; a `DataError` says what is wrong"
-    path = Path(path)
-    df = _read_csv(path)
-    missing = [c for c in (TEXT_COL, LABEL_COL) if c not in df.columns]
-    if missing: raise DataError(f"{path} has no {' or '.join(map(repr, missing))} column (its columns: {list(df.columns)}). The demo needs "
-                                f"{TEXT_COL!r} (the texts) and {LABEL_COL!r} (their classes), optionally {VALID_COL!r} (True for validation rows).")
-    df = df.dropna(subset=[TEXT_COL, LABEL_COL]).reset_index(drop=True)
-    if df.empty: raise DataError(f"{path} has no row with both a {TEXT_COL!r} and a {LABEL_COL!r}.")
-    df[TEXT_COL] = df[TEXT_COL].astype(str)
-    if VALID_COL in df.columns: df[VALID_COL] = _valid_flags(df[VALID_COL], path)
-    else: df[VALID_COL] = np.random.default_rng(seed).permutation(len(df)) < round(valid_pct * len(df))
-    return check_text_data(df, str(path))
-
-# %% ../nbs/16_demo.ipynb #480c4d5e
-def demo_data(data=None, # a CSV for `read_text_csv`; None: fastai's IMDB sample
-              profile:str|Profile='fast', # the profile whose `n_texts` and `max_chars` cut the data
-              seed:int=SEED, # seeds the validation split of a CSV without `is_valid`
-             ) -> pd.DataFrame:
-    "The demo's texts: the CSV `data` or the IMDB sample (a project copy if there is one, else a download), cut to `profile`'s size"
-    p = get_profile(profile)
-    if data is not None: df = subsample(read_text_csv(data, seed), p.n_texts, p.max_chars)
-    else:
-        if not (fastai_path('data')/'imdb_sample'/'texts.csv').exists(): install_imdb_sample()  # None when there is no project copy
-        df = imdb_sample_df(p)  # the download, or a `DataError` that says how to provide the sample
-    return check_text_data(df, 'the IMDB sample' if data is None else f'{data} (first texts for the {p.name} profile)', p)
-
-# %% ../nbs/16_demo.ipynb #4ea2be7b
-def pretrained_weights(profile:str|Profile, # the profile to run
-                       timeout:float=NETWORK_TIMEOUT_S, # seconds to wait for the download server
-                      ) -> tuple[bool, str]:
-    "Can `profile` start from fastai's WT103 weights? `(available, why)`: they must be here or downloadable now"
-    p = get_profile(profile)
-    if not p.pretrained:
-        return False, (f"trained from scratch: the {p.name} profile's small AWD-LSTM (emb {p.emb_sz}, hidden {p.n_hid}, "
-                       f"{p.n_layers} layers) has no pretrained weights")
-    url = URLs.WT103_FWD
-    here = fastai_path('model')/Path(urlparse(url).path).stem
-    if list(here.glob('*.pth')): return True, f"fine-tuned from fastai's WT103 weights ({here})"
-    host = urlparse(url).hostname
-    try: socket.create_connection((host, 443), timeout=timeout).close()
-    except OSError as e: return False, f"trained from scratch: offline, the WT103 weights could not be downloaded ({host}: {e})"
-    try: untar_data(url, c_key='model')
-    except Exception as e: return False, f"trained from scratch: the WT103 download failed ({type(e).__name__}: {e})"
-    return True, "fine-tuned from fastai's WT103 weights (downloaded)"
-
-# %% ../nbs/16_demo.ipynb #d94182c5
-Stage = namedtuple('Stage', 'freeze_to n_epoch lr')  # one `fit_one_cycle`: `learn.freeze_to(freeze_to)` (0: all layers), epochs, lr (a slice: discriminative)
-CLAS_RECIPE = ((-1, 1, 1.), (-2, 1, 1/2), (-3, 1, 1/4), (0, 2, 1/20))  # fastai's gradual unfreezing: (freeze_to, epochs, lr / clas_lr)
-
-# %% ../nbs/16_demo.ipynb #83317a07
-def lm_stages(profile:str|Profile, # the profile
-              pretrained:bool, # whether the language model starts from WT103 weights
-             ) -> list:
-    "The language model's fits: ULMFiT's recipe from pretrained weights, else one fit of every layer"
-    p = get_profile(profile)
-    if pretrained: return [Stage(-1, 1, p.lm_lr), Stage(0, p.lm_epochs, p.lm_lr/10)]
-    return [Stage(0, p.lm_epochs, p.lm_lr)]
-
-def clas_stages(profile:str|Profile, # the profile
-               ) -> list:
-    "The classifier's fits: fastai's gradual unfreezing for a pretrained profile, else one fit of every layer"
-    p = get_profile(profile)
-    if not p.pretrained: return [Stage(0, p.clas_epochs, p.clas_lr)]
-    return [Stage(f, n, p.clas_lr*k if f == -1 else slice(p.clas_lr*k/DISCRIMINATIVE, p.clas_lr*k)) for f, n, k in CLAS_RECIPE]
-
-# %% ../nbs/16_demo.ipynb #aaa2345c
-def fit_stage(learn:Learner, # the learner, its layer groups frozen as the stage says
-              stage:Stage, # the fit
-              **kwargs, # passed to `fit_one_cycle`: `cbs`, `start_epoch`, ...
-             ):
-    "Freeze `learn` as `stage` says and run its `fit_one_cycle`, without progress bars or printed tables"
-    if not kwargs.get('start_epoch'): learn.freeze_to(stage.freeze_to)  # a resumed fit was frozen before `load`: freezing clears the optimizer state
-    with learn.no_bar(), learn.no_logging(): learn.fit_one_cycle(stage.n_epoch, stage.lr, **kwargs)
-
-def _fmt_stages(stages:list) -> str:
-    "`stages` in words: fits, epochs, layers trained"
-    layers = lambda f: 'all layers' if f == 0 else f'last {-f} group(s)'
-    eps = sum(s.n_epoch for s in stages)
-    return f"{len(stages)} fit(s), {eps} epoch(s): " + ', '.join(f"{s.n_epoch}x {layers(s.freeze_to)}" for s in stages)
-
-def fit_stages(learn:Learner, # the learner
-               stages:list, # its fits, in order
-               cbs=None, # callbacks for the last fit only (check 2's checkpoints and kill)
-              ):
-    "Run the fits `stages` on `learn`"
-    for i, s in enumerate(stages): fit_stage(learn, s, cbs=cbs if i == len(stages)-1 else None)
-
-# %% ../nbs/16_demo.ipynb #7983d764
-def stray_draws(learn:Learner):
-    "Draw from every global generator and from the training DataLoader, as a user looking at the data does"
-    learn.dls.one_batch(); random.random(); np.random.rand(7); torch.rand(5)
-
-def ulmfit_lm(df:pd.DataFrame, # texts (`text`) and split (`is_valid`)
-              profile:str|Profile, # the run's size
-              seed:int, # the run seed (`ReproCB`) and the seed of the weights' initialisation
-              path, # the run's folder: the encoder goes to `path/models/enc.pth`
-              pretrained:bool=False, # start from WT103 weights (see `pretrained_weights`)
-              disturb:bool=False, # `stray_draws` before training
-             ) -> Learner:
-    "ULMFiT's first stage: the AWD-LSTM language model trained on `df`'s texts (`lm_stages`), its encoder saved"
-    p = get_profile(profile)
-    seed_everything(seed)  # before the DataLoaders and the model, as a user would
-    learn = lm_learner(lm_dls(df, p, num_workers=NUM_WORKERS), p, pretrained=pretrained, path=path, cbs=ReproCB(seed=seed, allow_dirty=True))
-    if disturb: stray_draws(learn)
-    fit_stages(learn, lm_stages(p, pretrained))
-    learn.save_encoder(ENCODER)
-    return learn
-
-# %% ../nbs/16_demo.ipynb #cd195156
-def ulmfit_classifier(df:pd.DataFrame, # texts, labels and split
-                      vocab:list, # the language model's vocabulary
-                      profile:str|Profile, # the run's size
-                      seed:int, # the run seed (`ReproCB`)
-                      path, # the run's folder, holding the encoder in `models/enc.pth`
-                      init_seed:int|None=None, # seed of the weights' initialisation (default: `seed`)
-                      disturb:bool=False, # `stray_draws` before training
-                      cbs=None, # more callbacks for the learner
-                      drop_mult:float|None=None, # the AWD-LSTM dropout multiplier (default: the profile's)
-                      wd:float|None=None, # weight decay (default: fastai's)
-                     ) -> Learner:
-    "ULMFiT's second stage, built: the AWD-LSTM classifier on `df`, starting from the language model's encoder"
-    p = get_profile(profile)
-    if drop_mult is not None: p = dataclasses.replace(p, drop_mult=drop_mult)
-    seed_everything(seed if init_seed is None else init_seed)
-    learn = clas_learner(clas_dls(df, vocab, p, num_workers=NUM_WORKERS), p, path=path, wd=wd, cbs=[ReproCB(seed=seed, allow_dirty=True)] + list(L(cbs)))
-    learn.load_encoder(ENCODER)
-    if disturb: stray_draws(learn)
-    return learn
-
-def train_classifier(learn:Learner, # from `ulmfit_classifier`
-                     profile:str|Profile, # the run's size
-                     cbs=None, # callbacks for the last fit only
-                    ) -> Learner:
-    "Run the classifier's fits (`clas_stages`)"
-    fit_stages(learn, clas_stages(profile), cbs=cbs)
-    return learn
-
-# %% ../nbs/16_demo.ipynb #b78fa6cb
-def state_digest(model) -> str:
-    "sha256 over every parameter and buffer of `model`: name, dtype, shape and raw bytes; equal digests, equal models"
-    h = hashlib.sha256()
-    for k, v in get_model(model).state_dict().items():
-        t = v.detach().cpu().contiguous()
-        h.update(f"{k}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-# %% ../nbs/16_demo.ipynb #966f3874
-@dataclass
-class RunRecord:
-    "What two runs must share to be the same run: the final model's digest, the per-iteration trace, the recorded metrics"
-    digest:str # `state_digest` of the final model
-    trace:pd.DataFrame # `learn.repro_trace`: fit, epoch, iter, loss and parameter fingerprints
-    values:list # the Recorder's values of the last fit (train loss, valid loss, metrics per epoch)
-
-    @classmethod
-    def of(cls, learn:Learner):
-        "The record of `learn`'s run"
-        return cls(state_digest(learn.model), learn.repro_trace, [[float(v) for v in vals] for vals in learn.recorder.values])
-
-    def save(self, path):
-        "Write the record to `path` (`torch.load(weights_only=True)` reads it)"
-        torch.save({'digest': self.digest, 'trace': trace_columns(self.trace), 'values': self.values}, path)
-
-    @classmethod
-    def load(cls, path):
-        "Read a record `save` wrote"
-        d = torch.load(path, weights_only=True)
-        return cls(d['digest'], trace_from_columns(d['trace']), d['values'])
-
-# %% ../nbs/16_demo.ipynb #1b30e563
-def same_run(a:RunRecord, b:RunRecord) -> tuple[bool, str]:
-    "Are `a` and `b` the same run, bit for bit? `(same, explanation)`"
-    d = first_divergence(a.trace, b.trace, detail=True)
-    if a.digest == b.digest and d is None and a.values == b.values:
-        return True, f"sha256 {a.digest[:12]}, {len(a.trace)} per-batch losses and the metrics equal"
-    why = [] if a.digest == b.digest else [f"model sha256 {a.digest[:12]} vs {b.digest[:12]}"]
-    if d is not None: why.append(f"the runs part at {' '.join(str(d).split())}")
-    if a.values != b.values:
-        i = next((i for i, (x, y) in enumerate(zip(a.values, b.values)) if x != y), min(len(a.values), len(b.values)))
-        why.append(f"the metrics differ from epoch {i+1} on" if i < min(len(a.values), len(b.values)) else
-                   f"the runs recorded {len(a.values)} and {len(b.values)} epochs")
-    return False, '; '.join(why)
-
 # %% ../nbs/16_demo.ipynb #4bfb1c50
 @dataclass
 class ULMFiTRun:
@@ -347,8 +103,7 @@ class ULMFiTRun:
 
 # %% ../nbs/16_demo.ipynb #3db6ffa1
 class Demo:
-    "The ULMFiT reproducibility demo: the data, profile, seeds and output folder its checks share"
-    checks = ('same_seed', 'resume', 'fp16', 'nondeterminism', 'variants', 'fast_loop')  # `run`'s order
+    "The ULMFiT reproducibility demo: the data, profile, seeds, output folder and reference run its checks share"
     def __init__(self,
         profile:str|Profile='fast', # 'test' (a minute), 'fast' (the fast loop: minutes on a CPU) or 'full' (real ULMFiT, for a GPU)
         n_seeds:int=N_SEEDS, # seeds per arm of check 5
@@ -362,7 +117,7 @@ class Demo:
         if n_seeds < 2: raise ValueError(f"n_seeds={n_seeds}: comparing over seeds needs at least 2 per arm (better {MIN_SEEDS}).")
         self.n_seeds, self.out = n_seeds, Path(out)
         if self.out.exists() and not self.out.is_dir(): raise ValueError(f"{self.out} exists and is not a folder: pass another --out.")
-        self.df = demo_data(data, self.profile, seed)
+        self.df = labelled_texts(data, self.profile, seed)
         self.out.mkdir(parents=True, exist_ok=True)
         self.work = self.out/'runs'
         self.pretrained, self.weights = pretrained_weights(self.profile)
@@ -370,145 +125,135 @@ class Demo:
 
     def __repr__(self): return f"Demo({self.profile.name!r}, n_seeds={self.n_seeds}, seed={self.seed}, out='{self.out}')"
 
-# %% ../nbs/16_demo.ipynb #9dd27256
-@patch
-def _steps(self:Demo, steps:list) -> list:
-    "Run `steps`, `(label, function)` pairs, under a progress bar; their results"
-    if not self.progress: return [f() for _, f in steps]
-    pb, res = progress_bar(steps, parent=self._mb, leave=self._mb is None), []
-    for label, f in pb:
-        pb.comment = label
-        res.append(f())
-    return res
+    def _steps(self, steps:list) -> list:
+        "Run `steps`, `(label, function)` pairs, under a progress bar; their results"
+        if not self.progress: return [f() for _, f in steps]
+        pb, res = progress_bar(steps, parent=self._mb, leave=self._mb is None), []
+        if self._mb is not None and hasattr(pb, 'prefix'):  # fastprogress names a master bar's children "Epoch i/n": checks here
+            pb.prefix = f"Check {(self._mb.main_bar.last_v or 0) + 1}/{self._mb.main_bar.total} :"
+        for label, f in pb:
+            pb.comment = label
+            res.append(f())
+        return res
 
-@patch
-def _plot(self:Demo, fig, name:str) -> str:
-    "Save `fig` as `name`.png in the output folder and close it; the file name"
-    fig.savefig(self.out/f'{name}.png', dpi=100, bbox_inches='tight')
-    plt.close(fig)
-    return f'{name}.png'
+    def _plot(self, fig, name:str) -> str:
+        "Save `fig` as `name`.png in the output folder and close it; the file name"
+        fig.savefig(self.out/f'{name}.png', dpi=100, bbox_inches='tight')
+        plt.close(fig)
+        return f'{name}.png'
 
-@patch
-def _ulmfit(self:Demo, name:str, disturb:bool=False) -> ULMFiTRun:
-    "One run of the whole ULMFiT path in folder `runs/name`"
-    t0, path = time.perf_counter(), self.work/name
-    lm = ulmfit_lm(self.df, self.profile, self.seed, path, pretrained=self.pretrained, disturb=disturb)
-    lm_rec, vocab, git, device = RunRecord.of(lm), lm.dls.vocab, lm.repro_cb.git, str(lm.dls.device)
-    del lm
-    clas = train_classifier(ulmfit_classifier(self.df, vocab, self.profile, self.seed, path, disturb=disturb), self.profile)
-    return ULMFiTRun(path, vocab, lm_rec, RunRecord.of(clas), git, device, time.perf_counter() - t0)
+    def _ulmfit(self, name:str, disturb:bool=False) -> ULMFiTRun:
+        "One run of the whole ULMFiT path in folder `runs/name`"
+        t0, path = time.perf_counter(), self.work/name
+        lm = ulmfit_lm(self.df, self.profile, self.seed, path, pretrained=self.pretrained, disturb=disturb)
+        lm_rec, vocab, git, device = RunRecord.of(lm), lm.dls.vocab, lm.repro_cb.git, str(lm.dls.device)
+        del lm
+        clas = train_classifier(ulmfit_classifier(self.df, vocab, self.profile, self.seed, path, disturb=disturb), self.profile)
+        return ULMFiTRun(path, vocab, lm_rec, RunRecord.of(clas), git, device, time.perf_counter() - t0)
 
-@patch(as_prop=True)
-def reference(self:Demo) -> ULMFiTRun:
-    "Run A, the uninterrupted reference run the checks compare with (run on first use)"
-    if self._ref is None:
-        with cpu_threads(self.threads): self._ref = self._ulmfit('A')
-    return self._ref
+    @property
+    def reference(self) -> ULMFiTRun:
+        "Run A, the uninterrupted reference run the checks compare with (run on first use)"
+        if self._ref is None:
+            with cpu_threads(self.threads): self._ref = self._ulmfit('A')
+        return self._ref
 
-@patch
-def _classifier(self:Demo, seed:int|None=None, **kwargs) -> Learner:
-    "A classifier of the ULMFiT path on run A's encoder, built (`ulmfit_classifier` arguments in `kwargs`)"
-    ref = self.reference
-    return ulmfit_classifier(self.df, ref.vocab, self.profile, self.seed if seed is None else seed, ref.path, **kwargs)
+    def _classifier(self, seed:int|None=None, **kwargs) -> Learner:
+        "A classifier of the ULMFiT path on run A's encoder, built (`ulmfit_classifier` arguments in `kwargs`)"
+        ref = self.reference
+        return ulmfit_classifier(self.df, ref.vocab, self.profile, self.seed if seed is None else seed, ref.path, **kwargs)
 
-# %% ../nbs/16_demo.ipynb #906bd2ba
-def _plot_losses(runs:dict, # name -> `RunRecord`
-                 title:str, # the plot's title
-                 mark:int|None=None, # an iteration to mark with a vertical line
-                 mark_label:str='', # its legend entry
-                ):
-    "The per-batch training losses of several runs over their iterations, and their difference from the first run"
-    fig, (ax, axd) = plt.subplots(2, 1, figsize=(8, 5), sharex=True, gridspec_kw={'height_ratios': (2, 1)})
-    first = next(iter(runs.values())).trace.loss.to_numpy(np.float64)
-    for i, (name, r) in enumerate(runs.items()):
-        loss = r.trace.loss.to_numpy(np.float64)
-        ax.plot(loss, ls='-' if i == 0 else '--', lw=1.5 if i == 0 else 1, label=name)
-        if i: n = min(len(loss), len(first)); axd.plot(np.abs(loss[:n] - first[:n]), label=f'|{name} - {next(iter(runs))}|')
-    for a in (ax, axd):
-        if mark is not None: a.axvline(mark, color='red', ls=':', label=mark_label if a is ax else None)
-    ax.set_ylabel('training loss'); ax.set_title(title); ax.legend()
-    axd.set_xlabel('training iteration (all fits)'); axd.set_ylabel('difference'); axd.legend()
-    return fig
+    def arm_metrics(self, seed:int, **change) -> dict:
+        "Train the classifier of one arm of check 5 with `seed`; its final metrics"
+        learn = train_classifier(self._classifier(seed=seed, **change), self.profile)
+        return dict(zip(learn.recorder.metric_names[1:-1], learn.recorder.values[-1]))
+
+    def run(self, checks=None, # the checks to run (default: `DEMO_CHECKS`, all six)
+           ) -> list:
+        "Run the checks under a fastai-style progress bar; a check that crashes is a failed row (traceback on stderr)"
+        checks, res = list(checks or DEMO_CHECKS), []
+        self._mb = master_bar(checks) if self.progress else None
+        try:
+            for check in (self._mb if self.progress else checks):
+                if self.progress: self._mb.main_bar.comment = check.title
+                try: r = check(self)
+                except DataError: raise
+                except Exception as e:
+                    print(traceback.format_exc(), file=sys.stderr)
+                    r = CheckResult(check.title, False, f"crashed: {type(e).__name__}: {e}")
+                res.append(r)
+                if self.progress: self._mb.write(f"{r.check}: {'passed' if r.passed else 'FAILED'} ({r.seconds:.0f} s)")
+        finally: self._mb = None
+        return res
+
+    def info(self) -> dict:
+        "What the report's header says: profile, data, device, threads, weights, code provenance, versions"
+        ref, n_valid = self.reference, int(self.df[VALID_COL].sum())
+        git = ref.git or {}
+        code = ('not a git repository' if not git.get('commit') else
+                f"commit {git['commit'][:12]}" + (' + uncommitted changes (the patch is recorded in every checkpoint)' if git.get('dirty') else ''))
+        return {'profile': self.profile.name, 'seed': self.seed, 'seeds per arm': self.n_seeds,
+                'data': f"{self.data or 'IMDB sample'}: {len(self.df) - n_valid} training and {n_valid} validation texts",
+                'device': ref.device, 'CPU threads': torch.get_num_threads() if self.threads is None else self.threads,
+                'weights': self.weights, 'code': code,
+                'versions': f"fastrepro {fastrepro.__version__}, fastai {fastai.__version__}, torch {torch.__version__}"}
+
+    def report(self, results:list) -> pd.DataFrame:
+        "The report table: check | result | detail | seconds"
+        return pd.DataFrame([r.row() for r in results])
+
+    def write_report(self, results:list) -> tuple:
+        "Write `report.md` and `report.json` to the output folder; their paths"
+        info = dict(self.info(), **{'total seconds': round(sum(r.seconds for r in results), 1)})
+        md, js = self.out/'report.md', self.out/'report.json'
+        md.write_text(report_markdown(info, results))
+        js.write_text(json.dumps(dict(info=info, passed=all(r.passed for r in results), checks=[dataclasses.asdict(r) for r in results]), indent=1, default=str))
+        return md, js
 
 # %% ../nbs/16_demo.ipynb #e9256889
-@patch
 @demo_check('same seed, same bits')
-def same_seed(self:Demo):
+def check_same_seed(demo:Demo):
     "Check 1: two runs of the whole ULMFiT path with one seed (the second with stray draws before training) are bit-identical"
-    a, b = self._steps([('run A', lambda: self.reference), ('run B (stray draws first)', lambda: self._ulmfit('B', disturb=True))])
+    a, b = demo._steps([('run A', lambda: demo.reference), ('run B (stray draws first)', lambda: demo._ulmfit('B', disturb=True))])
     ok_lm, why_lm = same_run(a.lm, b.lm)
     ok_clas, why_clas = same_run(a.clas, b.clas)
-    fig = _plot_losses({'run A': a.clas, 'run B': b.clas}, 'classifier: per-batch losses of two runs with one seed')
-    arts = dict(plot=self._plot(fig, 'same_seed'), lm_sha256=[a.lm.digest, b.lm.digest], classifier_sha256=[a.clas.digest, b.clas.digest])
+    fig = plot_losses({'run A': a.clas, 'run B': b.clas}, 'classifier: per-batch losses of two runs with one seed')
+    arts = dict(plot=demo._plot(fig, 'same_seed'), lm_sha256=[a.lm.digest, b.lm.digest], classifier_sha256=[a.clas.digest, b.clas.digest])
     return ok_lm and ok_clas, f"language model: {why_lm}; classifier: {why_clas}.", arts
 
-# %% ../nbs/16_demo.ipynb #c543a5ad
-class KillAfter(Callback):
-    "SIGKILL this process at the end of epoch `epoch`, right after `SaveModelCallback` wrote its checkpoint: a crash, not a clean stop"
-    order = SaveModelCallback.order + 1
-    def __init__(self, epoch:int): self.kill_epoch = epoch
-    def after_epoch(self):
-        if self.epoch == self.kill_epoch: os.kill(os.getpid(), signal.SIGKILL)
-
-def resume_job(spec, # the job file `Demo.resume` wrote
-               mode:str, # 'kill': train, checkpoint every epoch, die by SIGKILL; 'resume': load that checkpoint and finish
-              ):
-    "One process of check 2; 'resume' writes the finished run's `RunRecord` to `resumed.pt` beside the job file"
-    s = pd.read_pickle(spec)
-    if s['threads']: torch.set_num_threads(s['threads'])
-    last = clas_stages(s['profile'])[-1]
-    if mode == 'kill':
-        learn = ulmfit_classifier(s['df'], s['vocab'], s['profile'], s['seed'], s['path'])
-        train_classifier(learn, s['profile'], cbs=[SaveModelCallback(every_epoch=True, with_opt=True, fname=CHECKPOINT), KillAfter(KILL_AFTER_EPOCH)])
-        raise RuntimeError(f"The run was not killed after epoch {KILL_AFTER_EPOCH}: its last fit has {last.n_epoch} epoch(s).")
-    learn = ulmfit_classifier(s['df'], s['vocab'], s['profile'], s['seed'], s['path'], init_seed=s['seed'] + RESUME_SEED_OFFSET, disturb=True)
-    learn.freeze_to(last.freeze_to)  # before `load`: freezing clears the optimizer state that `load` restores
-    learn.load(f'{CHECKPOINT}_{KILL_AFTER_EPOCH}')
-    fit_stage(learn, last, start_epoch=KILL_AFTER_EPOCH + 1)
-    RunRecord.of(learn).save(Path(spec).parent/'resumed.pt')
-
-# %% ../nbs/16_demo.ipynb #5c0cd73b
-def _job(spec:Path, mode:str) -> subprocess.CompletedProcess:
-    "Run `resume_job(spec, mode)` in a fresh Python process, this fastrepro first on its path"
-    root = str(Path(fastrepro.__file__).resolve().parents[1])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get('PYTHONPATH', '')]))
-    code = f"from fastrepro.demo import resume_job; resume_job({str(spec)!r}, {mode!r})"
-    return subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True)
-
-def _tail(p:subprocess.CompletedProcess, n:int=1500) -> str: return (p.stderr or p.stdout)[-n:].strip()
-
 # %% ../nbs/16_demo.ipynb #874674dd
-@patch
 @demo_check('killed and resumed')
-def resume(self:Demo):
+def check_resume(demo:Demo):
     "Check 2: a run killed after an epoch and resumed in a fresh process is bit-identical to the uninterrupted run A"
-    ref, path = self.reference, self.work/'resume'
-    (path/'models').mkdir(parents=True, exist_ok=True)
+    ref, path = demo.reference, demo.work/'resume'
+    job = Job('clas', demo.df, path, ref.vocab, demo.profile, demo.seed, demo.threads)
+    spec = job.write()
     shutil.copy(ref.path/'models'/f'{ENCODER}.pth', path/'models'/f'{ENCODER}.pth')
-    spec = path/'job.pkl'
-    pd.to_pickle(dict(df=self.df, vocab=ref.vocab, profile=self.profile, seed=self.seed, path=path, threads=self.threads), spec)
-    killed, resumed = self._steps([('process 1: train, checkpoint, SIGKILL', lambda: _job(spec, 'kill')),
-                                   ('process 2: load, resume', lambda: _job(spec, 'resume'))])
+    ck = f'kill_{STOP_EPOCH}'
+    killed, resumed = demo._steps([('process 1: train, checkpoint, SIGKILL', lambda: job_process(spec, 'kill')),
+                                   ('process 2: load, resume', lambda: job_process(spec, 'resume', ck))])
     if killed.returncode != -signal.SIGKILL:
-        return False, f"The first process was not killed by SIGKILL (exit code {killed.returncode}): {_tail(killed)}", {}
-    if resumed.returncode != 0: return False, f"The resuming process failed (exit code {resumed.returncode}): {_tail(resumed)}", {}
-    ck = checkpoint_info(path/'models'/f'{CHECKPOINT}_{KILL_AFTER_EPOCH}.pth')
-    ok, why = same_run(ref.clas, RunRecord.load(path/'resumed.pt'))
-    git = f"commit {ck['git']['commit'][:8]}{' + patch' if ck['git'].get('dirty') else ''}" if ck.get('git') and ck['git'].get('commit') else 'no commit'
-    detail = (f"Killed by SIGKILL after epoch {ck['epoch']+1} (checkpoint: seed {ck['seed']}, fit {ck['fit_idx']}, iteration {ck['iteration']}, "
-              f"{git}); resumed in a fresh process with global seed {self.seed + RESUME_SEED_OFFSET}: {why} with the uninterrupted run.")
-    return ok, detail, dict(checkpoint={k: ck.get(k) for k in ('seed', 'fit_idx', 'epoch', 'iteration', 'num_threads', 'callbacks')})
+        return False, f"The first process was not killed by SIGKILL ({job_error(killed)})", {}
+    if resumed.returncode != 0: return False, f"The resuming process failed ({job_error(resumed)})", {}
+    info = checkpoint_info(path/'models'/f'{ck}.pth')
+    ok, why = same_run(ref.clas, RunRecord.load(path/f'resumed-{ck}.pt'))
+    git = info['git']
+    code = f"commit {git['commit'][:8]}{' + patch' if git['dirty'] else ''}" if git and git['commit'] else 'no commit'
+    detail = (f"Killed by SIGKILL after epoch {info['start_epoch']} (checkpoint: seed {info['seed']}, fit {info['fit_idx']}, "
+              f"iteration {info['iteration']}, {code}); resumed in a fresh process with global seed "
+              f"{demo.seed + RESUME_SEED_OFFSET}: {why} with the uninterrupted run.")
+    keys = ('seed', 'fit_idx', 'start_epoch', 'iteration', 'callbacks')
+    return ok, detail, dict(checkpoint={**{k: info[k] for k in keys}, 'num_threads': info['env']['num_threads']})
 
 # %% ../nbs/16_demo.ipynb #df61a721
-@patch
 @demo_check('fp16 loss scale')
-def fp16(self:Demo):
+def check_fp16(demo:Demo):
     "Check 3: float16 training records every step's loss scale and overflow, plots it, and saves it with the checkpoint"
-    learn = self._classifier()
+    learn = demo._classifier()
     learn.to_repro_fp16(init_scale=FP16_INIT_SCALE, growth_interval=FP16_GROWTH_INTERVAL)
     on_cpu = learn.dls.device.type == 'cpu'
-    stages = [Stage(0, FP16_CPU_EPOCHS, self.profile.clas_lr)] if on_cpu else clas_stages(self.profile)
-    self._steps([(f'classifier in float16, {_fmt_stages(stages)}', lambda: fit_stages(learn, stages))])
+    stages = [Stage(0, FP16_CPU_EPOCHS, demo.profile.clas_lr)] if on_cpu else clas_stages(demo.profile)
+    demo._steps([(f'classifier in float16, {stages_text(stages)}', lambda: fit_stages(learn, stages))])
     h, s = learn.loss_scale_history, learn.loss_scale_summary()
     ck = checkpoint_info(learn.save('fp16', with_opt=True))
     ax = learn.plot_loss_scale(show_epochs=True, figsize=(8, 3.5))
@@ -520,7 +265,7 @@ def fp16(self:Demo):
     detail = (f"{len(h)} optimizer steps (of {n_iter} iterations) in float16 autocast with a GradScaler on {learn.dls.device.type}{cpu}: "
               f"{s['overflows']} overflows skipped, scale {lg(FP16_INIT_SCALE)} down to {lg(s['min_scale'])}, final {lg(s['scale'])}; "
               f"the checkpoint holds it (checkpoint_info: loss_scale={lg(ck['loss_scale']) if ck.get('loss_scale') else None}).")
-    return passed, detail, dict(plot=self._plot(ax.figure, 'fp16_loss_scale'), summary=s)
+    return passed, detail, dict(plot=demo._plot(ax.figure, 'fp16_loss_scale'), summary=s)
 
 # %% ../nbs/16_demo.ipynb #7af3f292
 class StrayDraw(Callback):
@@ -530,19 +275,18 @@ class StrayDraw(Callback):
         if self.training and self.train_iter == self.at: torch.rand(1)
 
 # %% ../nbs/16_demo.ipynb #7ec3f8eb
-@patch
 @demo_check('nondeterminism found')
-def nondeterminism(self:Demo):
+def check_nondeterminism(demo:Demo):
     "Check 4: one stray random draw at iteration `STRAY_ITER` is found by `first_divergence` at exactly that iteration"
-    ref = self.reference
-    (stray,) = self._steps([(f'classifier, stray draw at iteration {STRAY_ITER}',
-                             lambda: RunRecord.of(train_classifier(self._classifier(cbs=StrayDraw(STRAY_ITER)), self.profile)))])
+    ref = demo.reference
+    (stray,) = demo._steps([(f'classifier, stray draw at iteration {STRAY_ITER}',
+                             lambda: RunRecord.of(train_classifier(demo._classifier(cbs=StrayDraw(STRAY_ITER)), demo.profile)))])
     d = first_divergence(ref.clas.trace, stray.trace, detail=True)
-    (self.out/'traces').mkdir(exist_ok=True)
-    for name, r in (('run_A', ref.clas), ('stray_draw', stray)): save_trace(r.trace, self.out/'traces'/f'{name}.trace')
-    fig = _plot_losses({'run A': ref.clas, 'stray draw': stray}, 'classifier: where a stray random draw makes the runs part',
+    (demo.out/'traces').mkdir(exist_ok=True)
+    for name, r in (('run_A', ref.clas), ('stray_draw', stray)): save_trace(r.trace, demo.out/'traces'/f'{name}.trace')
+    fig = plot_losses({'run A': ref.clas, 'stray draw': stray}, 'classifier: where a stray random draw makes the runs part',
                        mark=STRAY_ITER, mark_label=f'stray draw (iteration {STRAY_ITER})')
-    arts = dict(plot=self._plot(fig, 'nondeterminism'), traces=['traces/run_A.trace', 'traces/stray_draw.trace'])
+    arts = dict(plot=demo._plot(fig, 'nondeterminism'), traces=['traces/run_A.trace', 'traces/stray_draw.trace'])
     if d is None: return False, f"A stray draw at iteration {STRAY_ITER} changed nothing: is dropout off, or the trace broken?", arts
     found = ' '.join(str(d).split())
     return (d.fit, d.iter) == (0, STRAY_ITER), f"Stray draw before iteration {STRAY_ITER}; first_divergence: {found}", arts
@@ -552,12 +296,6 @@ def arms() -> dict:
     "Check 5's arms: name -> the `ulmfit_classifier` arguments of the change"
     a, b = dict(drop_mult=VARIANT_DROP_MULT), dict(wd=VARIANT_WD)
     return {'baseline': {}, f'A: drop_mult {VARIANT_DROP_MULT:g}': a, f'B: wd {VARIANT_WD:g}': b, 'A+B': {**a, **b}}
-
-@patch
-def _arm_metrics(self:Demo, seed:int, **change) -> dict:
-    "Train the classifier of one arm with `seed`; its final metrics"
-    learn = train_classifier(self._classifier(seed=seed, **change), self.profile)
-    return dict(zip(learn.recorder.metric_names[1:-1], learn.recorder.values[-1]))
 
 # %% ../nbs/16_demo.ipynb #955ed3aa
 def _plot_arms(runs:pd.DataFrame, metric:str=METRIC):
@@ -573,12 +311,11 @@ def _plot_arms(runs:pd.DataFrame, metric:str=METRIC):
 def _jsonable(df:pd.DataFrame) -> list: return json.loads(df.reset_index().to_json(orient='records'))
 
 # %% ../nbs/16_demo.ipynb #6896bcd1
-@patch
 @demo_check('change over seeds')
-def variants(self:Demo):
+def check_variants(demo:Demo):
     "Check 5: baseline vs `drop_mult` over several seeds (`compare`), the A/B/A+B `ablation`, and `seeds_needed`"
-    seeds, arm_kw = [self.seed + i for i in range(self.n_seeds)], arms()
-    runs = self._steps([(f'{name}, {len(seeds)} seeds', partial(repeat, partial(self._arm_metrics, **kw), seeds)) for name, kw in arm_kw.items()])
+    seeds, arm_kw = [demo.seed + i for i in range(demo.n_seeds)], arms()
+    runs = demo._steps([(f'{name}, {len(seeds)} seeds', partial(repeat, partial(demo.arm_metrics, **kw), seeds)) for name, kw in arm_kw.items()])
     runs = pd.concat([r.assign(arm=name) for name, r in zip(arm_kw, runs)], ignore_index=True)
     v = [runs.loc[runs.arm == name, METRIC].to_numpy() for name in arm_kw]
     names = list(arm_kw)
@@ -595,7 +332,7 @@ def variants(self:Demo):
               f"seeds_needed to detect a difference of {abs(res.mean_diff):.4f} (power 0.8): {n_needed} per arm.")
     if caught: detail += ' Warnings: ' + ' '.join(dict.fromkeys(str(w.message) for w in caught))
     if not all(spread.values()): detail += f" Some arm gave the same {METRIC} for every seed: is the seed used? {spread}"
-    arts = dict(plot=self._plot(_plot_arms(runs), 'variants'), runs=_jsonable(runs.drop(columns='run_id', errors='ignore')),
+    arts = dict(plot=demo._plot(_plot_arms(runs), 'variants'), runs=_jsonable(runs.drop(columns='run_id', errors='ignore')),
                 compare=res.to_dict(), ablation=_jsonable(abl), seeds_needed=n_needed)
     return all(spread.values()), detail, arts
 
@@ -614,7 +351,7 @@ def profile_table(vocab_sz:int, # the vocabulary size of the models counted
                    'classifier batch': p.clas_bs, 'AWD-LSTM emb / hidden / layers': f"{p.emb_sz} / {p.n_hid} / {p.n_layers}",
                    'classifier parameters': f"{sum(t.numel() for t in _classifier_model(p, vocab_sz, n_class).parameters()):,}",
                    'weights': 'WT103 (pretrained)' if p.pretrained else 'from scratch',
-                   'language model': _fmt_stages(lm_stages(p, p.pretrained)), 'classifier': _fmt_stages(clas_stages(p))}
+                   'language model': stages_text(lm_stages(p, p.pretrained)), 'classifier': stages_text(clas_stages(p))}
     return pd.DataFrame(rows)
 
 # %% ../nbs/16_demo.ipynb #31126f66
@@ -622,13 +359,12 @@ def module_types(model) -> set:
     "The class names of all modules of `model`: what its architecture is made of, whatever its size"
     return {type(m).__name__ for m in model.modules()}
 
-@patch
 @demo_check('fast loop')
-def fast_loop(self:Demo):
+def check_fast_loop(demo:Demo):
     "Check 6: the fast profile keeps the full profile's architecture and ULMFiT path; its settings side by side, and the time here"
-    ref, full = self.reference, get_profile('full')
-    fast = self.profile if self.profile.name != 'full' else get_profile('fast')
-    n_class = self.df[LABEL_COL].nunique()
+    ref, full = demo.reference, get_profile('full')
+    fast = demo.profile if demo.profile.name != 'full' else get_profile('fast')
+    n_class = demo.df[LABEL_COL].nunique()
     tbl = profile_table(len(ref.vocab), n_class, [*PROFILES.values()] + ([] if fast.name in PROFILES else [fast]))
     ta, tb = (module_types(_classifier_model(p, len(ref.vocab), n_class)) for p in (fast, full))
     n = lambda p: int(tbl.loc['classifier parameters', p.name].replace(',', ''))
@@ -639,47 +375,8 @@ def fast_loop(self:Demo):
               f"{'the same' if ta == tb else 'NOT the same: ' + str(sorted(ta ^ tb))}), tokenizer, vocabulary and ULMFiT path "
               f"(LM -> save_encoder -> load_encoder -> classifier, fit_one_cycle); it is {n(full)/n(fast):.0f}x smaller "
               f"({n(fast):,} vs {n(full):,} classifier parameters). It differs in: {'; '.join(diff) or 'nothing else'}. "
-              f"Here, run A of the {self.profile.name} profile took {ref.seconds:.0f} s on {ref.device}.")
+              f"Here, run A of the {demo.profile.name} profile took {ref.seconds:.0f} s on {ref.device}.")
     return ta == tb, detail, dict(profiles=json.loads(tbl.to_json()))
-
-# %% ../nbs/16_demo.ipynb #b19fe119
-@patch
-def run(self:Demo, checks=None, # names of the checks to run (default: `Demo.checks`, all six)
-       ) -> list:
-    "Run the checks under a fastai-style progress bar; a check that crashes is a failed row (traceback on stderr)"
-    names, res = list(checks or self.checks), []
-    self._mb = master_bar(names) if self.progress else None
-    try:
-        for name in (self._mb if self.progress else names):
-            if self.progress: self._mb.main_bar.comment = getattr(Demo, name).title
-            try: r = getattr(self, name)()
-            except DataError: raise
-            except Exception as e:
-                print(traceback.format_exc(), file=sys.stderr)
-                r = CheckResult(getattr(Demo, name).title, False, f"crashed: {type(e).__name__}: {e}")
-            res.append(r)
-            if self.progress: self._mb.write(f"{r.check}: {'passed' if r.passed else 'FAILED'} ({r.seconds:.0f} s)")
-    finally: self._mb = None
-    return res
-
-# %% ../nbs/16_demo.ipynb #15f2e2b9
-@patch
-def info(self:Demo) -> dict:
-    "What the report's header says: profile, data, device, threads, weights, code provenance, versions"
-    ref, n_valid = self.reference, int(self.df[VALID_COL].sum())
-    git = ref.git or {}
-    code = ('not a git repository' if not git.get('commit') else
-            f"commit {git['commit'][:12]}" + (' + uncommitted changes (the patch is recorded in every checkpoint)' if git.get('dirty') else ''))
-    return {'profile': self.profile.name, 'seed': self.seed, 'seeds per arm': self.n_seeds,
-            'data': f"{self.data or 'IMDB sample'}: {len(self.df) - n_valid} training and {n_valid} validation texts",
-            'device': ref.device, 'CPU threads': torch.get_num_threads() if self.threads is None else self.threads,
-            'weights': self.weights, 'code': code,
-            'versions': f"fastrepro {fastrepro.__version__}, fastai {fastai.__version__}, torch {torch.__version__}"}
-
-@patch
-def report(self:Demo, results:list) -> pd.DataFrame:
-    "The report table: check | result | detail | seconds"
-    return pd.DataFrame([r.row() for r in results])
 
 # %% ../nbs/16_demo.ipynb #48adb74f
 def format_table(results:list, # `CheckResult`s
@@ -704,17 +401,9 @@ def report_markdown(info:dict, # `Demo.info()`
     for r in results: md += ['', f"## {r.check}", ''] + [f"![{r.check}]({p.name})" for p in r.plots()]
     return '\n'.join(md) + '\n'
 
-# %% ../nbs/16_demo.ipynb #af6b2a0e
-@patch
-def write_report(self:Demo, results:list) -> tuple:
-    "Write `report.md` and `report.json` to the output folder; their paths"
-    info = dict(self.info(), **{'total seconds': round(sum(r.seconds for r in results), 1)})
-    md, js = self.out/'report.md', self.out/'report.json'
-    md.write_text(report_markdown(info, results))
-    js.write_text(json.dumps(dict(info=info, passed=all(r.passed for r in results), checks=[dataclasses.asdict(r) for r in results]), indent=1, default=str))
-    return md, js
-
 # %% ../nbs/16_demo.ipynb #9f34bdd5
+DEMO_CHECKS = (check_same_seed, check_resume, check_fp16, check_nondeterminism, check_variants, check_fast_loop)
+
 def run_demo(profile:str='fast', # 'test', 'fast' or 'full'
              n_seeds:int=N_SEEDS, # seeds per arm of check 5
              data=None, # a CSV of labelled texts; None: the IMDB sample

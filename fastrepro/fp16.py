@@ -13,16 +13,16 @@ from fastai.basics import *
 from fastai.callback.fp16 import MixedPrecision, AMPMode
 from torch.amp import autocast, GradScaler
 from .core import *
+from .checkpoint import checkpoint_summary
 
 # %% auto #0
-__all__ = ['ONEDNN_FP16_UNSUPPORTED', 'SYNC_EVERY', 'HISTORY_COLUMNS', 'STATE_FORMAT', 'amp_device_type',
-           'onednn_fp16_unsupported', 'onednn_enabled', 'set_onednn', 'history_frame', 'ReproMixedPrecision']
+__all__ = ['ONEDNN_FP16_UNSUPPORTED', 'SYNC_EVERY', 'HISTORY_COLUMNS', 'amp_device_type', 'onednn_fp16_unsupported',
+           'onednn_enabled', 'set_onednn', 'history_frame', 'ReproMixedPrecision']
 
 # %% ../nbs/06_fp16.ipynb #fd7e97cc
 ONEDNN_FP16_UNSUPPORTED = (nn.LSTM,)  # layers oneDNN cannot run under CPU float16 autocast (measured, torch 2.x)
 SYNC_EVERY = 1024  # the recorded scale tensors move to Python at least every N steps (one device sync each time)
 HISTORY_COLUMNS = ('fit', 'epoch', 'iter', 'scale', 'skipped', 'scale_after', 'growth_tracker', 'scaled')
-STATE_FORMAT = 1   # version of the dict `ReproMixedPrecision.state_dict` returns
 
 # %% ../nbs/06_fp16.ipynb #afec5c17
 def amp_device_type(learn:Learner) -> str:
@@ -68,11 +68,17 @@ def history_frame(hist:dict) -> pd.DataFrame:
               growth_tracker='int64', scaled='bool')
     return pd.DataFrame({c: pd.Series(hist[c], dtype=dt[c]) for c in HISTORY_COLUMNS})
 
-# %% ../nbs/06_fp16.ipynb #cebc7c23
+def _hist_to_tensors(hist:dict) -> dict: return {c: torch.tensor(hist[c], dtype=_DTYPES[c]) for c in HISTORY_COLUMNS}
+def _hist_to_lists(hist:dict) -> dict:
+    return {c: (hist[c].tolist() if isinstance(hist[c], Tensor) else list(hist[c])) for c in HISTORY_COLUMNS}
+
+# %% ../nbs/06_fp16.ipynb #de8fce94
+_STATE_KEYS = ('amp_mode', 'scaler', 'n_fits', 'epoch_end_iter', 'history')  # what `state_dict` returns
+
 @delegates(GradScaler, but=['device', 'enabled'])
 class ReproMixedPrecision(MixedPrecision):
     "fastai's `MixedPrecision` on the learner's device, with its loss scale recorded, kept, plotted and checkpointed"
-    name = 'mixed_precision'  # fastai's `to_fp32`, `load_learner(cpu=True)` and its TensorBoard callback look for this attribute
+    name = 'mixed_precision'  # fastai's `to_fp32`, `load_learner(cpu=True)` and its TensorBoard callback look for it
     def __init__(self,
         amp_mode:str|AMPMode=AMPMode.FP16, # 'fp16' (loss-scaled) or 'bf16' (no scaler needed)
         disable_onednn:bool|None=None, # CPU float16 only: oneDNN off inside autocast; None: only when the model has an `nn.LSTM`
@@ -80,195 +86,167 @@ class ReproMixedPrecision(MixedPrecision):
     ):
         super().__init__(amp_mode, **kwargs)
         self.disable_onednn = disable_onednn
-        self._hist, self._pending, self._staged, self._scaler_state = _empty_history(), [], None, None
+        self._hist, self._unflushed, self.pending, self._scaler_state = _empty_history(), [], None, None
         self.n_fits, self.fit_idx, self._iter, self._epoch_end_iter = 0, -1, 0, 0
         self._active, self._in_autocast, self._onednn_off, self._onednn_before = False, False, False, None
         self._scale_used, self.device_type = None, None
 
-# %% ../nbs/06_fp16.ipynb #2c1c95f2
-@patch
-def before_fit(self:ReproMixedPrecision):
-    "Build autocast and scaler for the learner's device (fastai's choices); start or resume the recorded run"
-    dev = amp_device_type(self.learn)
-    if dev == 'cuda': super(ReproMixedPrecision, self).before_fit()
-    else:
-        with warnings.catch_warnings(): # fastai builds CUDA objects, which warn on a machine without CUDA; we replace them
-            warnings.simplefilter('ignore')
-            super(ReproMixedPrecision, self).before_fit()
-        self.autocast, self.learn.scaler = autocast(dev, dtype=self.autocast.fast_dtype), GradScaler(dev, **self.kwargs)
-    self.device_type = dev
-    off = self.disable_onednn if self.disable_onednn is not None else bool(onednn_fp16_unsupported(self.model))
-    self._onednn_off = dev == 'cpu' and self.autocast.fast_dtype == torch.float16 and off
-    self._active = in_fit(self.learn) and not in_lr_find(self.learn)
-    if self._active: self._start_fit()
+    def before_fit(self):
+        "Build autocast and scaler for the learner's device (fastai's choices); start or resume the recorded run"
+        dev = amp_device_type(self.learn)
+        if dev == 'cuda': super().before_fit()
+        else:
+            with warnings.catch_warnings():  # fastai builds CUDA objects, which warn on a machine without CUDA; replaced
+                warnings.simplefilter('ignore')
+                super().before_fit()
+            self.autocast, self.learn.scaler = autocast(dev, dtype=self.autocast.fast_dtype), GradScaler(dev, **self.kwargs)
+        self.device_type = dev
+        off = self.disable_onednn if self.disable_onednn is not None else bool(onednn_fp16_unsupported(self.model))
+        self._onednn_off = dev == 'cpu' and self.autocast.fast_dtype == torch.float16 and off
+        self._active = in_fit(self.learn) and not in_lr_find(self.learn)
+        if self._active: self._start_fit()
 
-# %% ../nbs/06_fp16.ipynb #677d7beb
-@patch
-def before_batch(self:ReproMixedPrecision):
-    "Enter autocast (with oneDNN off for CPU float16 LSTMs)"
-    self._leave_autocast()  # a batch cancelled inside the region left it entered
-    if self._onednn_off: self._onednn_before = onednn_enabled(); set_onednn(False)
-    super(ReproMixedPrecision, self).before_batch()
-    self._in_autocast = True
+    def before_batch(self):
+        "Enter autocast (with oneDNN off for CPU float16 LSTMs)"
+        self._leave_autocast()  # a batch cancelled inside the region left it entered
+        if self._onednn_off: self._onednn_before = onednn_enabled(); set_onednn(False)
+        super().before_batch()
+        self._in_autocast = True
 
-@patch
-def _leave_autocast(self:ReproMixedPrecision):
-    "Exit autocast if this callback entered it, and restore the oneDNN flag; safe to call any time"
-    if self._in_autocast:
-        self._in_autocast = False
-        MixedPrecision.after_loss(self)
-    if self._onednn_before is not None: set_onednn(self._onednn_before); self._onednn_before = None
+    def after_loss(self):
+        "Exit autocast"
+        self._leave_autocast()
 
-@patch
-def after_loss(self:ReproMixedPrecision):
-    "Exit autocast"
-    self._leave_autocast()
+    def before_backward(self):
+        "Scale the loss (fastai) and keep the scale used"
+        super().before_backward()
+        if self._active: self._scale_used = self._scale_tensor()
 
-# %% ../nbs/06_fp16.ipynb #7228881a
-@patch
-def _scale_tensor(self:ReproMixedPrecision):
-    "A device-side copy of the current scale, or None when the scaler is disabled (bf16)"
-    if not self.scaler.is_enabled(): return None
-    s = self.scaler._get_scale_async()  # the scale tensor, read without a sync (`get_scale()` would sync)
-    return None if s is None else s.detach().clone()
+    def after_step(self):
+        "Update the scale (fastai) and record this step"
+        super().after_step()
+        if not self._active: return
+        scaled = self.scaler.is_enabled()
+        tracker = self.scaler._growth_tracker.detach().clone() if scaled else None  # no public async getter
+        self._unflushed.append(_Row(self.fit_idx, self.epoch, self._iter, self._scale_used, self.skipped,
+                                    self._scale_tensor(), tracker, scaled))
+        if len(self._unflushed) >= SYNC_EVERY: self._flush()
 
-@patch
-def before_backward(self:ReproMixedPrecision):
-    "Scale the loss (fastai) and keep the scale used"
-    super(ReproMixedPrecision, self).before_backward()
-    if self._active: self._scale_used = self._scale_tensor()
+    def after_batch(self):
+        "Make sure autocast is off; count training iterations"
+        self._leave_autocast()
+        if self._active and self.training: self._iter += 1
 
-@patch
-def after_step(self:ReproMixedPrecision):
-    "Update the scale (fastai) and record this step"
-    super(ReproMixedPrecision, self).after_step()
-    if not self._active: return
-    scaled = self.scaler.is_enabled()
-    tracker = self.scaler._growth_tracker.detach().clone() if scaled else None  # no public async getter
-    self._pending.append(_Row(self.fit_idx, self.epoch, self._iter, self._scale_used, self.skipped,
-                              self._scale_tensor(), tracker, scaled))
-    if len(self._pending) >= SYNC_EVERY: self._flush()
+    def after_train(self):
+        "Remember where the epoch ended: a fit resumed at the next epoch continues from here"
+        if self._active: self._epoch_end_iter = self._iter
 
-@patch
-def _flush(self:ReproMixedPrecision):
-    "Move the pending rows to the history (one device transfer)"
-    rows, self._pending = self._pending, []
-    if rows: _flush_rows(rows, self._hist)
+    def after_epoch(self):
+        "Move the epoch's rows to Python"
+        if self._active: self._flush()
 
-@patch
-def after_batch(self:ReproMixedPrecision):
-    "Make sure autocast is off; count training iterations"
-    self._leave_autocast()
-    if self._active and self.training: self._iter += 1
+    def after_fit(self):
+        "Keep the scaler's state and the history; then fastai's cleanup"
+        self._end_fit()
+        super().after_fit()
 
-@patch
-def after_train(self:ReproMixedPrecision):
-    "Remember where the epoch ended: a fit resumed at the next epoch continues from here"
-    if self._active: self._epoch_end_iter = self._iter
+    def after_fit_exception(self, exc):
+        "`fit` raised: autocast off, oneDNN flag back, state kept as of the last completed step"
+        self._end_fit()
+        MixedPrecision.after_fit(self)
 
-@patch
-def after_epoch(self:ReproMixedPrecision):
-    "Move the epoch's rows to Python"
-    if self._active: self._flush()
+    def state_dict(self) -> dict:
+        "Mode, scaler state, history and progress; `torch.load(weights_only=True)`-safe"
+        st = self.pending if self.pending is not None else self._own_state()
+        return {**st, 'history': _hist_to_tensors(st['history'])}
 
-# %% ../nbs/06_fp16.ipynb #000203e1
-@patch
-def _end_fit(self:ReproMixedPrecision):
-    self._leave_autocast()
-    if self._active:
+    def load_state_dict(self, d:dict):
+        "Keep `d` (from `state_dict`) pending; the next fit applies it (see above)"
+        if in_lr_find(self.learn): return  # lr_find restores its own temporary checkpoint: not ours
+        missing = [k for k in _STATE_KEYS if not isinstance(d, dict) or k not in d]
+        if missing: raise ValueError(f"This is not a ReproMixedPrecision state (no {missing}); it cannot restore the loss "
+                                     "scaler. Load a checkpoint written by fastrepro with this callback attached.")
+        self.pending = {**d, 'history': _hist_to_lists(d['history'])}
+
+    @property
+    def history(self) -> pd.DataFrame:
+        "The loss-scale history, one row per optimizer step attempt (the pending one if this callback has none yet)"
         self._flush()
-        if self.scaler is not None: self._scaler_state = self.scaler.state_dict()
-        self._active = False
+        return history_frame(self.pending['history'] if self.pending is not None and not self._hist['fit'] else self._hist)
 
-@patch
-def after_fit(self:ReproMixedPrecision):
-    "Keep the scaler's state and the history; then fastai's cleanup"
-    self._end_fit()
-    super(ReproMixedPrecision, self).after_fit()
+    def summary(self) -> dict:
+        "Steps, overflows, current, minimum and maximum loss scale of the whole history"
+        h = self.history
+        sc = h[h.scaled]
+        last = h.iloc[-1] if len(h) else None
+        return dict(steps=len(h), overflows=int(h.skipped.sum()), fits=int(h.fit.nunique()),
+                    scale=float(last.scale_after) if last is not None and last.scaled else None,
+                    min_scale=float(sc.scale.min()) if len(sc) else None,
+                    max_scale=float(sc.scale.max()) if len(sc) else None, amp_mode=self.amp_mode.value)
 
-@patch
-def after_fit_exception(self:ReproMixedPrecision, exc):
-    "`fit` raised: autocast off, oneDNN flag back, state kept as of the last completed step"
-    self._end_fit()
-    MixedPrecision.after_fit(self)
+    def _leave_autocast(self):
+        "Exit autocast if this callback entered it, and restore the oneDNN flag; safe to call any time"
+        if self._in_autocast:
+            self._in_autocast = False
+            MixedPrecision.after_loss(self)
+        if self._onednn_before is not None: set_onednn(self._onednn_before); self._onednn_before = None
 
-# %% ../nbs/06_fp16.ipynb #de8fce94
-def _hist_to_tensors(hist:dict) -> dict: return {c: torch.tensor(hist[c], dtype=_DTYPES[c]) for c in HISTORY_COLUMNS}
-def _hist_to_lists(hist:dict) -> dict:
-    return {c: (hist[c].tolist() if isinstance(hist[c], Tensor) else list(hist[c])) for c in HISTORY_COLUMNS}
+    def _scale_tensor(self):
+        "A device-side copy of the current scale, or None when the scaler is disabled (bf16)"
+        if not self.scaler.is_enabled(): return None
+        s = self.scaler._get_scale_async()  # the scale tensor, read without a sync (`get_scale()` would sync)
+        return None if s is None else s.detach().clone()
 
-@patch
-def _own_state(self:ReproMixedPrecision, live:bool=True) -> dict:
-    "This callback's state now (history as lists); with `live`, the running fit's scaler, else the last fit's"
-    self._flush()
-    scaler = self.scaler.state_dict() if live and self._active and self.scaler is not None else self._scaler_state
-    return dict(format=STATE_FORMAT, amp_mode=self.amp_mode.value, scaler=scaler, n_fits=self.n_fits,
-                epoch_end_iter=self._epoch_end_iter, history=_hist_to_lists(self._hist))
+    def _flush(self):
+        "Move the unflushed rows to the history (one device transfer)"
+        rows, self._unflushed = self._unflushed, []
+        if rows: _flush_rows(rows, self._hist)
 
-@patch
-def state_dict(self:ReproMixedPrecision) -> dict:
-    "Scaler state, history and progress; `torch.load(weights_only=True)`-safe"
-    st = self._staged if self._staged is not None else self._own_state()
-    scale = st['scaler'].get('scale') if st['scaler'] else None
-    return {**st, 'history': _hist_to_tensors(st['history']), 'meta': {'amp_mode': st['amp_mode'], 'loss_scale': scale}}
+    def _end_fit(self):
+        self._leave_autocast()
+        if self._active:
+            self._flush()
+            if self.scaler is not None: self._scaler_state = self.scaler.state_dict()
+            self._active = False
 
-@patch
-def load_state_dict(self:ReproMixedPrecision, d:dict):
-    "Stage `d` (from `state_dict`); the next fit applies it (see above)"
-    if in_lr_find(self.learn): return  # lr_find restores its own temporary checkpoint: not ours to stage
-    if not isinstance(d, dict) or d.get('format') != STATE_FORMAT or 'history' not in d:
-        raise ValueError(f"This is not a ReproMixedPrecision state of format {STATE_FORMAT} (got keys "
-                         f"{sorted(d) if isinstance(d, dict) else type(d).__name__}); it cannot restore the loss scaler. "
-                         "Load a checkpoint written by this version of fastrepro.")
-    self._staged = {**{k: v for k, v in d.items() if k != 'meta'}, 'history': _hist_to_lists(d['history'])}
+    def _own_state(self, live:bool=True) -> dict:
+        "This callback's state now (history as lists); with `live`, the running fit's scaler, else the last fit's"
+        self._flush()
+        scaler = self.scaler.state_dict() if live and self._active and self.scaler is not None else self._scaler_state
+        return dict(amp_mode=self.amp_mode.value, scaler=scaler, n_fits=self.n_fits, epoch_end_iter=self._epoch_end_iter,
+                    history=_hist_to_lists(self._hist))
 
-# %% ../nbs/06_fp16.ipynb #2fd827ab
-@patch
-def _start_fit(self:ReproMixedPrecision):
-    "Consume the staged state: resume the saved fit, or start a fresh one"
-    start, st, self._staged = resume_epoch(self.learn), self._staged, None
-    if start > 0:
-        st = st if st is not None else self._own_state(live=False)  # the scaler fastai just built is not ours to resume
-        if st['n_fits'] > 0: return self._resume(st, start)
-        warnings.warn(f"This fit resumes at epoch {start}, but no loss-scale state was loaded: the GradScaler restarts "
-                      "at its initial scale, so the run will not match the uninterrupted one. Attach the callback "
-                      "before `learn.load` of a fastrepro checkpoint.")
-    elif st is not None and not self._hist['fit'] and not self._pending:
-        self._hist, self.n_fits = st['history'], st['n_fits']
-    self.fit_idx, self.n_fits, self._iter, self._epoch_end_iter = self.n_fits, self.n_fits + 1, 0, 0
+    def _start_fit(self):
+        "Take the pending state: resume the saved fit, or start a fresh one"
+        start, st, self.pending = resume_epoch(self.learn), self.pending, None
+        if start > 0:
+            st = st if st is not None else self._own_state(live=False)  # the scaler fastai just built is not ours to resume
+            if st['n_fits'] > 0: return self._resume(st, start)
+            warnings.warn(f"This fit resumes at epoch {start}, but no loss-scale state was loaded: the GradScaler restarts "
+                          "at its initial scale, so the run will not match the uninterrupted one. Attach the callback "
+                          "before `learn.load` of a fastrepro checkpoint.")
+        elif st is not None and not self._hist['fit'] and not self._unflushed:
+            self._hist, self.n_fits = st['history'], st['n_fits']
+        self.fit_idx, self.n_fits, self._iter, self._epoch_end_iter = self.n_fits, self.n_fits + 1, 0, 0
 
-@patch
-def _resume(self:ReproMixedPrecision, st:dict, start:int):
-    "Continue the fit saved in `st` at epoch `start`: scaler, history and iteration count"
-    self._pending, self.n_fits = [], st['n_fits']
-    self.fit_idx = self.n_fits - 1
-    h = st['history']
-    keep = [not (f == self.fit_idx and e >= start) for f, e in zip(h['fit'], h['epoch'])]
-    self._hist = {c: [v for v, k in zip(h[c], keep) if k] for c in HISTORY_COLUMNS}
-    self._iter = self._epoch_end_iter = st['epoch_end_iter']
-    if st['scaler']: self.scaler.load_state_dict(st['scaler'])  # a no-op for a disabled (bf16) scaler
-    elif self.scaler.is_enabled():
-        warnings.warn("The loaded state has no GradScaler state (it was saved in bf16 mode): the fp16 scaler starts "
-                      "at its initial scale. Resume in the mode the checkpoint was written in.")
+    def _resume(self, st:dict, start:int):
+        "Continue the fit saved in `st` at epoch `start`: scaler, history and iteration count"
+        self._unflushed, self.n_fits = [], st['n_fits']
+        self.fit_idx = self.n_fits - 1
+        h = st['history']
+        keep = [not (f == self.fit_idx and e >= start) for f, e in zip(h['fit'], h['epoch'])]
+        self._hist = {c: [v for v, k in zip(h[c], keep) if k] for c in HISTORY_COLUMNS}
+        self._iter = self._epoch_end_iter = st['epoch_end_iter']
+        if st['amp_mode'] != self.amp_mode.value:
+            warnings.warn(f"The loss-scale state was saved in {st['amp_mode']} mode and this fit runs in "
+                          f"{self.amp_mode.value}: its scaler starts afresh, so the run will not match the uninterrupted one. "
+                          "Resume in the mode the checkpoint was written in.")
+        elif st['scaler']: self.scaler.load_state_dict(st['scaler'])  # bf16's disabled scaler has an empty state
 
-# %% ../nbs/06_fp16.ipynb #1db5b28e
-@patch(as_prop=True)
-def history(self:ReproMixedPrecision) -> pd.DataFrame:
-    "The loss-scale history, one row per optimizer step attempt (the staged one if this callback has none yet)"
-    self._flush()
-    own = self._hist
-    return history_frame(self._staged['history'] if self._staged is not None and not own['fit'] else own)
-
-@patch
-def summary(self:ReproMixedPrecision) -> dict:
-    "Steps, overflows, current, minimum and maximum loss scale of the whole history"
-    h = self.history
-    sc = h[h.scaled]
-    last = h.iloc[-1] if len(h) else None
-    return dict(steps=len(h), overflows=int(h.skipped.sum()), fits=int(h.fit.nunique()),
-                scale=float(last.scale_after) if last is not None and last.scaled else None,
-                min_scale=float(sc.scale.min()) if len(sc) else None, max_scale=float(sc.scale.max()) if len(sc) else None,
-                amp_mode=self.amp_mode.value)
+@checkpoint_summary('mixed_precision')
+def _loss_scale_summary(state:dict) -> dict:
+    "What `checkpoint_info` shows of a `ReproMixedPrecision` state: the mode and the loss scale a resume continues from"
+    return {'amp_mode': state['amp_mode'], 'loss_scale': state['scaler'].get('scale') if state['scaler'] else None}
 
 # %% ../nbs/06_fp16.ipynb #05b6b71e
 @patch

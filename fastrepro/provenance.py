@@ -6,7 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/provenance.html.md"""
 
 # %% ../nbs/10_provenance.ipynb #ac794d2b
 from __future__ import annotations
-import os, re, copy, json, time, zlib, shutil, socket, hashlib, platform, tempfile, warnings, functools, subprocess
+import os, re, copy, json, time, zlib, shutil, socket, hashlib, platform, tempfile, warnings, functools
 import importlib.metadata as importlib_metadata
 import git, numpy as np, torch, fastai, fastcore
 from pathlib import Path
@@ -31,12 +31,9 @@ MAX_FILES_SHOWN = 10  # files listed per category in a `DirtyTreeError` message
 _GIT_ENV = {'GIT_OPTIONAL_LOCKS': '0'}  # reading must never take the index lock a concurrent git command may hold
 _warned_outside = set()  # paths already warned about, so each warns once per process
 
-def _git(repo:git.Repo, *args, ok=(0,), input:bytes|None=None, **env) -> bytes:
-    "Raw stdout of `git args` run in `repo`'s working tree with `env` added, raising when the exit code is not in `ok`"
-    res = subprocess.run(['git', *args], cwd=repo.working_tree_dir, input=input, capture_output=True,
-                         env={**os.environ, **_GIT_ENV, **env})
-    if res.returncode not in ok: raise git.GitCommandError(['git', *args], res.returncode, res.stderr)
-    return res.stdout
+def _git(repo:git.Repo, *args, **env) -> bytes:
+    "Raw stdout of `git args` in `repo`'s working tree with `env` added, run by gitpython (`GitCommandError` on failure)"
+    return repo.git.execute(['git', *args], env={**_GIT_ENV, **env}, stdout_as_string=False, strip_newline_in_stdout=False)
 
 def _open_repo(path) -> git.Repo|None:
     "The repository containing `path`, or None when there is none (the caller closes it)"
@@ -79,8 +76,9 @@ def _patch(repo:git.Repo, commit:str|None, untracked:list) -> bytes:
     with tempfile.TemporaryDirectory(prefix='fastrepro-index-') as d:
         index, own = os.path.join(d, 'index'), os.path.join(repo.git_dir, 'index')
         if os.path.exists(own): shutil.copyfile(own, index)
-        _git(repo, 'add', '--intent-to-add', '--pathspec-from-file=-', '--pathspec-file-nul',
-             input='\0'.join(untracked).encode('utf-8', 'surrogateescape'), GIT_INDEX_FILE=index)
+        spec = os.path.join(d, 'untracked')
+        Path(spec).write_bytes('\0'.join(untracked).encode('utf-8', 'surrogateescape'))
+        _git(repo, 'add', '--intent-to-add', f'--pathspec-from-file={spec}', '--pathspec-file-nul', GIT_INDEX_FILE=index)
         return _git(repo, 'diff', *_DIFF_OPTS, base, '--', GIT_INDEX_FILE=index)
 
 # %% ../nbs/10_provenance.ipynb #77e4db79

@@ -13,8 +13,8 @@ from fastai.data.load import DataLoader
 
 # %% auto #0
 __all__ = ['SEED_BITS', 'NUMPY_SEED_MOD', 'CUBLAS_WORKSPACE', 'FILL_UNINITIALIZED', 'derive_seed', 'seed_global',
-           'deterministic_switches', 'set_switches', 'set_deterministic', 'seed_everything', 'loader_state',
-           'set_loader_state', 'rng_states', 'restore_rng_states']
+           'deterministic_switches', 'set_switches', 'set_deterministic', 'seed_everything', 'loader_order',
+           'set_loader_order', 'loader_state', 'set_loader_state', 'rng_states', 'restore_rng_states']
 
 # %% ../nbs/01_rng.ipynb #bd454b04
 SEED_BITS = 63       # derived seeds are non-negative and fit torch's int64 seed
@@ -137,28 +137,31 @@ def _order_holder(dl):
     items = dl.__dict__.get('items')
     return items if hasattr(items, 'idxs') and hasattr(items, 'cache_clear') else None
 
-def loader_state(dl) -> dict:
-    "The state of `dl`'s own generator, and its order state when it keeps one"
-    res = {'rng': _py_state(dl.rng)}
+def loader_order(dl) -> Tensor|None:
+    "The order of a loader that reshuffles its previous order in place (fastai's `LMDataLoader`); None for others"
     holder = _order_holder(dl)
-    if holder is not None: res['order'] = torch.tensor(list(holder.idxs), dtype=torch.int64)
-    streams = dl.__dict__.get('repro_streams')
-    if streams is not None: res['streams'] = streams.state_dict()
-    return res
+    return None if holder is None else torch.tensor(list(holder.idxs), dtype=torch.int64)
+
+def set_loader_order(dl, order:Tensor):
+    "Put back the order `loader_order` returned"
+    holder = _order_holder(dl)
+    if holder is None: return
+    if len(holder.idxs) != len(order):
+        raise ValueError(f"The saved order has {len(order)} items but this {type(dl).__name__} has {len(holder.idxs)}: "
+                         "the checkpoint belongs to other data. Rebuild the same DataLoaders.")
+    holder.idxs[:] = order.tolist()  # in place: `LMDataLoader.lens` shares this list
+    holder.cache_clear()
+    if hasattr(dl, 'make_chunks'): dl.make_chunks()
+
+def loader_state(dl) -> dict:
+    "The state of `dl`'s own generator, and its order when it keeps one"
+    order = loader_order(dl)
+    return {'rng': _py_state(dl.rng), **({} if order is None else {'order': order})}
 
 def set_loader_state(dl, d:dict):
-    "Restore `dl`'s own generator and order state from `d` (from `loader_state`)"
+    "Restore `dl`'s own generator and order from `d` (from `loader_state`)"
     _set_py_state(d['rng'], dl.rng)
-    holder = _order_holder(dl)
-    if 'order' in d and holder is not None:
-        if len(holder.idxs) != len(d['order']):
-            raise ValueError(f"The saved order has {len(d['order'])} items but this {type(dl).__name__} has "
-                             f"{len(holder.idxs)}: the checkpoint belongs to other data. Rebuild the same DataLoaders.")
-        holder.idxs[:] = d['order'].tolist()  # in place: `LMDataLoader.lens` shares this list
-        holder.cache_clear()
-        if hasattr(dl, 'make_chunks'): dl.make_chunks()
-    streams = dl.__dict__.get('repro_streams')
-    if streams is not None and 'streams' in d: streams.load_state_dict(d['streams'])
+    if 'order' in d: set_loader_order(dl, d['order'])
 
 # %% ../nbs/01_rng.ipynb #91369178
 def _loaders(dls) -> list:

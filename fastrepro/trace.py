@@ -1,4 +1,4 @@
-"""Record what every training iteration did, find the first iteration where two runs part, and keep traces bit for bit on disk.
+"""What every training iteration did, recorded without slowing training; where two runs part, found to the iteration; and whether two runs are the same run, bit for bit.
 
 Docs: https://fastrepro.github.io/fastrepro/trace.html.md"""
 
@@ -6,42 +6,143 @@ Docs: https://fastrepro.github.io/fastrepro/trace.html.md"""
 
 # %% ../nbs/09_trace.ipynb #3c1dccad
 from __future__ import annotations
-import sys, pickle, zipfile
+import pickle, zipfile, hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np, pandas as pd, torch
 from fastai.basics import *
-from .checkpoint import atomic_save, read_checkpoint
+from .checkpoint import atomic_torch_save, read_checkpoint
 
 # %% auto #0
-__all__ = ['TRACE_KEYS', 'TRACE_COLUMNS', 'FP_PREFIX', 'TRACE_FORMAT', 'TRACE_VERSION', 'CHECKPOINT_TRACE', 'DIFF_SAME',
-           'DIFF_DIFFER', 'DIFF_UNREADABLE', 'Divergence', 'first_divergence', 'trace_columns', 'trace_from_columns',
-           'compact_trace', 'expand_segments', 'trace_from_compact', 'save_trace', 'load_trace', 'fastrepro_diff']
+__all__ = ['TRACE_EVERY', 'TRACE_KEYS', 'TRACE_COLUMNS', 'NORM_PREFIX', 'TRACE_FORMAT', 'TRACE_VERSION', 'CHECKPOINT_TRACE',
+           'DIFF_SAME', 'DIFF_DIFFER', 'DIFF_UNREADABLE', 'Trace', 'compact_trace', 'expand_segments', 'trace_frame',
+           'compact_frame', 'Divergence', 'first_divergence', 'save_trace', 'load_trace', 'state_digest', 'RunRecord',
+           'same_run', 'plot_losses', 'fastrepro_diff']
 
 # %% ../nbs/09_trace.ipynb #89aeda15
+TRACE_EVERY = 10  # record the parameter norms every N training iterations (0: losses only)
 TRACE_KEYS = ('fit', 'iter')  # the columns that identify a row of a trace
 TRACE_COLUMNS = ('fit', 'epoch', 'iter', 'loss')  # the columns every trace has
-FP_PREFIX = 'fp:'  # fingerprint columns are named `FP_PREFIX + parameter name`
+NORM_PREFIX = 'norm:'  # the parameter-norm columns are named `NORM_PREFIX + parameter name`
 
-def _fp_columns(trace:pd.DataFrame) -> list[str]:
-    "The fingerprint columns of `trace`, in its (the model's parameter) order"
-    return [c for c in trace.columns if c.startswith(FP_PREFIX)]
+def _norm_columns(trace:pd.DataFrame) -> list[str]:
+    "The parameter-norm columns of `trace`, in its (the model's parameter) order"
+    return [c for c in trace.columns if c.startswith(NORM_PREFIX)]
+
+# %% ../nbs/09_trace.ipynb #955f604c
+class Trace:
+    "The trace of a run: each training iteration's exact loss, and every `every` iterations each parameter's norm"
+    def __init__(self, every:int=TRACE_EVERY): # record the parameter norms every N iterations (0: losses only)
+        self.every = every
+        self.fit, self.epoch, self.iter, self.loss, self._unflushed = [], [], [], [], []
+        self.param_names, self.norm_rows, self.norms = None, [], []
+
+    def record(self, fit:int, epoch:int, it:int, loss:Tensor, model:nn.Module):
+        "Record iteration `it` (`learn.train_iter`) of epoch `epoch` of fit `fit`, whose training loss is `loss`"
+        self.fit.append(fit); self.epoch.append(epoch); self.iter.append(it); self._unflushed.append(loss.detach())
+        if self.every and it % self.every == 0:
+            names, params = zip(*[(n, p.detach()) for n, p in model.named_parameters()])
+            self.param_names = list(names)
+            self.norm_rows.append(len(self.fit)-1); self.norms.append(torch.stack(torch._foreach_norm(params)).float())
+
+    def flush(self):
+        "Move the recorded tensors to Python numbers, with one device transfer"
+        if self._unflushed: self.loss += torch.stack(self._unflushed).float().cpu().tolist(); self._unflushed = []
+        self.norms = [o.tolist() if isinstance(o, Tensor) else o for o in self.norms]
+
+    def state_dict(self) -> dict:
+        "The trace in its compact form (`compact_trace`), built without pandas: checkpoints call this at every save"
+        self.flush()
+        return compact_trace(self.fit, self.epoch, self.iter, self.loss, self.param_names, self.norm_rows, self.norms)
+
+    def load_state_dict(self, d:dict):
+        "Continue the trace `d` (from `state_dict`)"
+        self.fit, self.epoch, self.iter = (c.tolist() for c in expand_segments(d['segments'].numpy()))
+        self.loss, self._unflushed, self.param_names = d['loss'].tolist(), [], d.get('param_names')
+        # the rows of the norms are stored, so a NaN norm (a diverged run) stays a recorded NaN
+        self.norm_rows, self.norms = (d['norm_rows'].tolist(), d['norms'].tolist()) if self.param_names else ([], [])
+
+    def frame(self) -> pd.DataFrame:
+        "The trace as a DataFrame: `fit`, `epoch`, `iter`, `loss`, and one `norm:<parameter>` column per parameter"
+        return trace_frame(self.state_dict())
+
+# %% ../nbs/09_trace.ipynb #bcf7cd6b
+def _segments(fit, epoch, it) -> np.ndarray:
+    "Rows of (fit, epoch, first iter, count): the runs of consecutive iterations within one fit and epoch"
+    a = np.stack([np.asarray(c, dtype=np.int64).reshape(-1) for c in (fit, epoch, it)], 1)
+    if not len(a): return np.zeros((0, 4), dtype=np.int64)
+    new = np.ones(len(a), dtype=bool)
+    new[1:] = (a[1:, :2] != a[:-1, :2]).any(1) | (a[1:, 2] != a[:-1, 2] + 1)
+    starts = np.flatnonzero(new)
+    return np.column_stack([a[starts], np.diff(np.append(starts, len(a)))])
+
+def compact_trace(fit, epoch, it, loss, # one value per iteration
+                  param_names=None, # the names of the parameters whose norms are recorded
+                  norm_rows=(), # the rows (iterations) that have norms
+                  norms=(), # one row of norms per `norm_rows` entry
+                 ) -> dict:
+    "A run trace in its compact form: tensors, a list of names, nothing else (`torch.load(weights_only=True)` reads it)"
+    d = {'segments': torch.from_numpy(_segments(fit, epoch, it)),
+         'loss': torch.from_numpy(np.asarray(loss, dtype=np.float32).reshape(-1))}
+    if param_names:
+        d.update(param_names=list(param_names), norm_rows=torch.as_tensor(np.asarray(norm_rows, dtype=np.int64).reshape(-1)),
+                 norms=torch.from_numpy(np.asarray(norms, dtype=np.float32).reshape(len(norm_rows), len(param_names))))
+    return d
+
+def expand_segments(segments) -> tuple:
+    "The `fit`, `epoch` and `iter` columns (NumPy arrays) of a compact trace's `segments`"
+    seg = np.asarray(segments, dtype=np.int64).reshape(-1, 4)
+    counts = seg[:, 3]
+    offset = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)  # position within its run
+    return np.repeat(seg[:, 0], counts), np.repeat(seg[:, 1], counts), np.repeat(seg[:, 2], counts) + offset
+
+def trace_frame(d:dict) -> pd.DataFrame:
+    "The trace DataFrame of a compact trace"
+    fit, epoch, it = expand_segments(d['segments'].numpy())
+    df = pd.DataFrame({'fit': fit, 'epoch': epoch, 'iter': it, 'loss': d['loss'].numpy().astype(np.float32)})
+    if d.get('param_names'):
+        norms = np.full((len(df), len(d['param_names'])), np.nan, dtype=np.float32)
+        norms[d['norm_rows'].numpy()] = d['norms'].numpy()
+        for i, n in enumerate(d['param_names']): df[NORM_PREFIX+n] = norms[:, i]
+    return df
+
+# %% ../nbs/09_trace.ipynb #b9c8e5c1
+def _exact_float32(s:pd.Series, what:str) -> np.ndarray:
+    "`s` as float32, refusing values that float32 would round"
+    a = s.to_numpy(np.float64)
+    b = a.astype(np.float32)
+    lost = ~((b.astype(np.float64) == a) | (np.isnan(a) & np.isnan(b)))
+    if lost.any(): raise ValueError(f"The {what} holds values that float32 cannot hold exactly (e.g. {a[lost][0]!r}): a run "
+                                    "trace records float32 losses and norms, so this is not one (`learn.repro_trace`).")
+    return b
+
+def compact_frame(trace:pd.DataFrame) -> dict:
+    "The compact form of a trace DataFrame (`trace_frame`'s inverse); refuses what is not a run trace"
+    missing = [c for c in TRACE_COLUMNS if c not in trace.columns]
+    extra = [c for c in trace.columns if c not in TRACE_COLUMNS and not str(c).startswith(NORM_PREFIX)]
+    if missing or extra: raise ValueError(f"Not a run trace: columns {missing} missing, {extra} unknown. A run trace has "
+                                          f"{list(TRACE_COLUMNS)} and `{NORM_PREFIX}<parameter>` columns.")
+    cols = _norm_columns(trace)
+    norms = np.stack([_exact_float32(trace[c], f'column {c}') for c in cols], 1) if cols else np.zeros((len(trace), 0))
+    rows = np.flatnonzero(~np.isnan(norms).all(1)) if cols else []
+    return compact_trace(trace.fit, trace.epoch, trace.iter, _exact_float32(trace.loss, 'loss column'),
+                         [c[len(NORM_PREFIX):] for c in cols], rows, norms[rows] if cols else [])
 
 # %% ../nbs/09_trace.ipynb #0bd5e969
-def _fmt_fp(v:float) -> str: return 'nan (not recorded)' if np.isnan(v) else repr(v)
+def _fmt_norm(v:float) -> str: return 'nan (not recorded)' if np.isnan(v) else repr(v)
 
 @dataclass
 class Divergence:
     "Where two run traces part: the first row that differs or is missing from one of them"
     fit:int; epoch:int; iter:int
-    columns:list = field(default_factory=list) # the compared columns that differ: 'loss' and/or fingerprint columns, in trace order
+    columns:list = field(default_factory=list) # the compared columns that differ: 'loss' and/or norm columns, in trace order
     values:dict = field(default_factory=dict) # column -> (value in trace A, value in trace B), for `columns`
     missing:str|None = None # 'A' or 'B' when that trace has no row at this (fit, iter)
 
     @property
     def layer(self) -> str|None:
-        "The first parameter, in parameter order, whose fingerprint differs"
-        return next((c[len(FP_PREFIX):] for c in self.columns if c.startswith(FP_PREFIX)), None)
+        "The first parameter, in parameter order, whose norm differs"
+        return next((c[len(NORM_PREFIX):] for c in self.columns if c.startswith(NORM_PREFIX)), None)
 
     def __str__(self):
         where = f"fit {self.fit}, epoch {self.epoch}, iteration {self.iter}"
@@ -51,16 +152,18 @@ class Divergence:
         res = [f"{where}:"]
         if 'loss' in self.columns: res.append(f"  loss {self.values['loss'][0]!r} vs {self.values['loss'][1]!r}")
         if self.layer is not None:
-            a, b = self.values[FP_PREFIX+self.layer]
+            a, b = self.values[NORM_PREFIX+self.layer]
             n = len(self.columns) - ('loss' in self.columns)
-            res.append(f"  first layer that differs: {self.layer}, fingerprint {_fmt_fp(a)} vs {_fmt_fp(b)} ({n} fingerprint(s) differ)")
+            res.append(f"  first parameter that differs: {self.layer}, norm {_fmt_norm(a)} vs {_fmt_norm(b)} "
+                       f"({n} norm(s) differ)")
         return '\n'.join(res)
 
 # %% ../nbs/09_trace.ipynb #9fe829cd
 def _keyed(trace:pd.DataFrame, which:str) -> pd.DataFrame:
     "`trace` checked, indexed by `TRACE_KEYS` and sorted"
     missing = [c for c in TRACE_COLUMNS if c not in trace.columns]
-    if missing: raise ValueError(f"Trace {which} has no column(s) {missing}: it is not a fastrepro run trace (`learn.repro_trace`).")
+    if missing: raise ValueError(f"Trace {which} has no column(s) {missing}: it is not a fastrepro run trace "
+                                 "(`learn.repro_trace`).")
     res = trace.set_index(list(TRACE_KEYS)).sort_index()
     if not res.index.is_unique:
         raise ValueError(f"Trace {which} has several rows for the same (fit, iter): are two runs concatenated in it?")
@@ -80,7 +183,7 @@ def first_divergence(trace_a, # a run trace (`learn.repro_trace`) or a path for 
                     ) -> int|Divergence|None:
     "The first `iter` at which two run traces differ, or None when they never do; with `detail`, a `Divergence`"
     a, b = _keyed(_as_trace(trace_a), 'A'), _keyed(_as_trace(trace_b), 'B')
-    cols = ['loss'] + [c for c in _fp_columns(a) if c in b.columns]
+    cols = ['loss'] + [c for c in _norm_columns(a) if c in b.columns]
     idx = a.index.union(b.index).sort_values()
     in_a, in_b = idx.isin(a.index), idx.isin(b.index)
     va, vb = (t.reindex(idx)[cols].to_numpy(np.float64) for t in (a, b))
@@ -93,83 +196,28 @@ def first_divergence(trace_a, # a run trace (`learn.repro_trace`) or a path for 
     epoch = int((a if in_a[i] else b).loc[(fit, it), 'epoch'])
     if not (in_a[i] and in_b[i]): return Divergence(fit, epoch, it, missing='B' if in_a[i] else 'A')
     diff_cols = [c for c, d in zip(cols, differs[i]) if d]
-    return Divergence(fit, epoch, it, diff_cols, {c: (float(va[i, j]), float(vb[i, j])) for j, c in enumerate(cols) if c in diff_cols})
+    return Divergence(fit, epoch, it, diff_cols, {c: (float(va[i, j]), float(vb[i, j])) for j, c in enumerate(cols)
+                                                  if c in diff_cols})
 
 # %% ../nbs/09_trace.ipynb #79df2ab8
 TRACE_FORMAT, TRACE_VERSION = 'fastrepro.trace', 1  # what a trace file says it is
 CHECKPOINT_TRACE = ('opt', '__fastrepro__', 'callbacks', 'repro_cb', 'trace')  # where a checkpoint keeps ReproCB's trace
-_INT_COLS = ('fit', 'epoch', 'iter')
 
-def trace_columns(trace:pd.DataFrame) -> dict:
-    "The columns of `trace` as 1-d tensors of their own dtype: exact, and loadable with `weights_only=True`"
-    bad = [c for c in trace.columns if trace[c].dtype.kind not in 'biuf']
-    if bad: raise TypeError(f"Trace columns {bad} are not numeric: a run trace holds only numbers.")
-    return {str(c): torch.from_numpy(trace[c].to_numpy(copy=True)) for c in trace.columns}
-
-def _column(name:str, values) -> np.ndarray:
-    "One column as a NumPy array: a tensor keeps its dtype; a list gets the trace's dtype for that column"
-    if isinstance(values, torch.Tensor): return values.cpu().numpy()
-    return np.asarray(values, dtype=np.int64 if name in _INT_COLS else np.float64)
-
-def trace_from_columns(cols:dict) -> pd.DataFrame:
-    "A trace DataFrame from a dict of column name -> 1-d tensor or list (from `trace_columns`), or a checkpoint's compact trace"
-    if 'segments' in cols: return trace_from_compact(cols)
-    return pd.DataFrame({k: _column(k, v) for k, v in cols.items()})
-
-# %% ../nbs/09_trace.ipynb #bcf7cd6b
-def _segments(fit, epoch, it) -> np.ndarray:
-    "Rows of (fit, epoch, first iter, count): the runs of consecutive iterations within one fit and epoch"
-    a = np.stack([np.asarray(c, dtype=np.int64).reshape(-1) for c in (fit, epoch, it)], 1)
-    if not len(a): return np.zeros((0, 4), dtype=np.int64)
-    new = np.ones(len(a), dtype=bool)
-    new[1:] = (a[1:, :2] != a[:-1, :2]).any(1) | (a[1:, 2] != a[:-1, 2] + 1)
-    starts = np.flatnonzero(new)
-    return np.column_stack([a[starts], np.diff(np.append(starts, len(a)))])
-
-def compact_trace(fit, epoch, it, loss, # one value per iteration
-                  fp_names=None, # the fingerprinted parameters' names
-                  fp_rows=(), # the rows (iterations) that have fingerprints
-                  fp=(), # one row of fingerprints per `fp_rows` entry
-                 ) -> dict:
-    "A run trace in the compact form checkpoints keep"
-    d = {'segments': torch.from_numpy(_segments(fit, epoch, it)), 'loss': torch.from_numpy(np.asarray(loss, dtype=np.float32).reshape(-1))}
-    if fp_names:
-        d.update(fp_names=list(fp_names), fp_rows=torch.as_tensor(np.asarray(fp_rows, dtype=np.int64).reshape(-1)),
-                 fp=torch.from_numpy(np.asarray(fp, dtype=np.float32).reshape(len(fp_rows), len(fp_names))))
-    return d
-
-def expand_segments(segments) -> tuple:
-    "The `fit`, `epoch` and `iter` columns (NumPy arrays) of a compact trace's `segments`"
-    seg = np.asarray(segments, dtype=np.int64).reshape(-1, 4)
-    counts = seg[:, 3]
-    offset = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)  # position within its run
-    return np.repeat(seg[:, 0], counts), np.repeat(seg[:, 1], counts), np.repeat(seg[:, 2], counts) + offset
-
-def trace_from_compact(d:dict) -> pd.DataFrame:
-    "The trace DataFrame of a `compact_trace` dict"
-    fit, epoch, it = expand_segments(d['segments'].numpy())
-    df = pd.DataFrame({'fit': fit, 'epoch': epoch, 'iter': it, 'loss': d['loss'].numpy().astype(np.float32)})
-    if d.get('fp_names'):
-        fp = np.full((len(df), len(d['fp_names'])), np.nan, dtype=np.float32)
-        fp[d['fp_rows'].numpy()] = d['fp'].numpy()
-        for i, n in enumerate(d['fp_names']): df[FP_PREFIX+n] = fp[:, i]
-    return df
-
-# %% ../nbs/09_trace.ipynb #25ff5f7c
 def save_trace(trace:pd.DataFrame, # a run trace, e.g. `learn.repro_trace`
                path, # the file to write (replaced atomically)
               ) -> Path:
     "Write `trace` to `path`, every bit kept"
     path = Path(path)
-    atomic_save({'format': TRACE_FORMAT, 'version': TRACE_VERSION, 'columns': trace_columns(trace)}, path)
+    atomic_torch_save({'format': TRACE_FORMAT, 'version': TRACE_VERSION, 'trace': compact_frame(trace)}, path)
     return path
 
 # %% ../nbs/09_trace.ipynb #e7ab1459
 def _checkpoint_trace(d:dict, path:Path) -> dict:
-    "The trace columns `ReproCB` keeps in checkpoint `d`"
+    "The compact trace `ReproCB` keeps in checkpoint `d`"
     for k in CHECKPOINT_TRACE:
         if not isinstance(d, dict) or k not in d:
-            raise ValueError(f"{path} is a checkpoint without a run trace: was it saved by a Learner with `ReproCB` attached?")
+            raise ValueError(f"{path} is a checkpoint without a run trace: was it saved by a Learner with `ReproCB` "
+                             "attached?")
         d = d[k]
     return d
 
@@ -186,17 +234,100 @@ def load_trace(path, # a file from `save_trace`, or a fastrepro checkpoint (`lea
     if isinstance(d, dict) and d.get('format') == TRACE_FORMAT:
         if d['version'] > TRACE_VERSION:
             raise ValueError(f"{path} was written by a newer fastrepro (trace format {d['version']}): upgrade fastrepro.")
-        return trace_from_columns(d['columns'])
-    return trace_from_columns(_checkpoint_trace(d, path))
+        return trace_frame(d['trace'])
+    return trace_frame(_checkpoint_trace(d, path))
+
+# %% ../nbs/09_trace.ipynb #b78fa6cb
+def state_digest(model) -> str:
+    "sha256 over every parameter and buffer of `model`: name, dtype, shape and raw bytes; equal digests, equal models"
+    h = hashlib.sha256()
+    for k, v in get_model(model).state_dict().items():
+        t = v.detach().cpu().contiguous()
+        h.update(f"{k}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+# %% ../nbs/09_trace.ipynb #966f3874
+def _frame_tensors(df:pd.DataFrame|None) -> dict|None:
+    "The columns of `df` as tensors of their own dtype (exact, `weights_only`-safe)"
+    return None if df is None else {str(c): torch.from_numpy(df[c].to_numpy(copy=True)) for c in df.columns}
+
+def _tensors_frame(d:dict|None) -> pd.DataFrame|None:
+    return None if d is None else pd.DataFrame({c: t.numpy() for c, t in d.items()})
+
+@dataclass
+class RunRecord:
+    "What two runs must share to be the same run: the final model's digest, the trace, the metrics, the loss scales"
+    digest:str # `state_digest` of the final model
+    trace:pd.DataFrame # `learn.repro_trace`: fit, epoch, iter, loss and parameter norms
+    values:list # the Recorder's values of the last fit (train loss, valid loss, metrics per epoch)
+    loss_scale:pd.DataFrame|None=None # the loss-scale history, with `ReproMixedPrecision`
+
+    @classmethod
+    def of(cls, learn:Learner):
+        "The record of `learn`'s run"
+        mp = getattr(learn, 'mixed_precision', None)
+        return cls(state_digest(learn.model), learn.repro_trace, [[float(v) for v in vals] for vals in learn.recorder.values],
+                   mp.history if hasattr(mp, 'history') else None)
+
+    def save(self, path):
+        "Write the record to `path` (`torch.load(weights_only=True)` reads it)"
+        atomic_torch_save({'digest': self.digest, 'trace': compact_frame(self.trace), 'values': self.values,
+                           'loss_scale': _frame_tensors(self.loss_scale)}, path)
+
+    @classmethod
+    def load(cls, path):
+        "Read a record `save` wrote"
+        d = torch.load(path, weights_only=True)
+        return cls(d['digest'], trace_frame(d['trace']), d['values'], _tensors_frame(d['loss_scale']))
+
+# %% ../nbs/09_trace.ipynb #1b30e563
+def same_run(a:RunRecord, b:RunRecord) -> tuple[bool, str]:
+    "Are `a` and `b` the same run, bit for bit? `(same, explanation)`"
+    d = first_divergence(a.trace, b.trace, detail=True)
+    scales = (a.loss_scale is None and b.loss_scale is None) or (
+        a.loss_scale is not None and b.loss_scale is not None and a.loss_scale.equals(b.loss_scale))
+    if a.digest == b.digest and d is None and a.values == b.values and scales:
+        return True, (f"sha256 {a.digest[:12]}, {len(a.trace)} per-batch losses"
+                      + ('' if a.loss_scale is None else f", {len(a.loss_scale)} loss scales") + " and the metrics equal")
+    why = [] if a.digest == b.digest else [f"model sha256 {a.digest[:12]} vs {b.digest[:12]}"]
+    if d is not None: why.append(f"the runs part at {' '.join(str(d).split())}")
+    if a.values != b.values:
+        n = min(len(a.values), len(b.values))
+        i = next((i for i, (x, y) in enumerate(zip(a.values, b.values)) if x != y), n)
+        why.append(f"the metrics differ from epoch {i+1} on" if i < n else f"the runs recorded {len(a.values)} and "
+                   f"{len(b.values)} epochs")
+    if not scales: why.append("the loss-scale histories differ")
+    return False, '; '.join(why)
+
+# %% ../nbs/09_trace.ipynb #5d2e8f70
+def plot_losses(runs:dict, # name -> `RunRecord` (or a trace DataFrame)
+                title:str, # the plot's title
+                mark:int|None=None, # an iteration to mark with a vertical line
+                mark_label:str='', # its legend entry
+               ):
+    "The per-batch training losses of several runs over their iterations, and their difference from the first run"
+    losses = {k: (r if isinstance(r, pd.DataFrame) else r.trace).loss.to_numpy(np.float64) for k, r in runs.items()}
+    first_name, first = next(iter(losses.items()))
+    fig, (ax, axd) = plt.subplots(2, 1, figsize=(8, 5), sharex=True, gridspec_kw={'height_ratios': (2, 1)})
+    for i, (name, loss) in enumerate(losses.items()):
+        ax.plot(loss, ls='-' if i == 0 else '--', lw=1.5 if i == 0 else 1, label=name)
+        if i: n = min(len(loss), len(first)); axd.plot(np.abs(loss[:n] - first[:n]), label=f'|{name} - {first_name}|')
+    for a in (ax, axd):
+        if mark is not None: a.axvline(mark, color='red', ls=':', label=mark_label if a is ax else None)
+    ax.set_ylabel('training loss'); ax.set_title(title); ax.legend()
+    axd.set_xlabel('training iteration (all fits)'); axd.set_ylabel('difference'); axd.legend()
+    return fig
 
 # %% ../nbs/09_trace.ipynb #166dd488
 DIFF_SAME, DIFF_DIFFER, DIFF_UNREADABLE = 0, 1, 2  # exit codes of `fastrepro diff`
 
 def _same_text(a:pd.DataFrame, b:pd.DataFrame) -> str:
-    fps = [c for c in _fp_columns(a) if c in b.columns]
-    res = f"The runs are identical: {len(a)} iterations in {a['fit'].nunique()} fit(s), loss and {len(fps)} fingerprint column(s) compared."
-    only = sorted(set(_fp_columns(a)) ^ set(_fp_columns(b)))
-    return res + (f"\n{len(only)} fingerprint column(s) in only one run were not compared." if only else '')
+    norms = [c for c in _norm_columns(a) if c in b.columns]
+    res = (f"The runs are identical: {len(a)} iterations in {a['fit'].nunique()} fit(s), loss and {len(norms)} parameter "
+           "norm column(s) compared.")
+    only = sorted(set(_norm_columns(a)) ^ set(_norm_columns(b)))
+    return res + (f"\n{len(only)} norm column(s) in only one run were not compared." if only else '')
 
 def fastrepro_diff(a, # trace file or checkpoint of run A
                    b, # trace file or checkpoint of run B

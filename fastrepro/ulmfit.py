@@ -1,4 +1,4 @@
-"""The IMDB-sample data and the AWD-LSTM learners used by the demo, the tests and the benchmarks, in three profiles: `test` (seconds), `fast` (the demo's fast loop on a CPU) and `full` (the real ULMFiT settings, for a GPU).
+"""The ULMFiT recipe the demo, the tests and the benchmarks run, in three sizes: the data (fastai's IMDB sample or any CSV of labelled texts, checked before anything trains), the AWD-LSTM learners, and the fits: a language model fine-tuned on the texts, its encoder saved, and a classifier trained on it.
 
 Docs: https://fastrepro.github.io/fastrepro/ulmfit.html.md"""
 
@@ -6,13 +6,21 @@ Docs: https://fastrepro.github.io/fastrepro/ulmfit.html.md"""
 
 # %% ../nbs/15_ulmfit.ipynb #da7b9072
 from __future__ import annotations
-import os, dataclasses, tempfile, shutil
+import os, socket, random, dataclasses, tempfile, shutil
+from collections import namedtuple
 from dataclasses import dataclass
+from urllib.parse import urlparse
 from fastai.text.all import *
+from .rng import seed_everything
+from .callback import ReproCB
 
 # %% auto #0
-__all__ = ['PROFILES', 'SHARED_SAMPLE', 'Profile', 'get_profile', 'DataError', 'imdb_sample_path', 'subsample', 'imdb_sample_df',
-           'lm_dls', 'clas_dls', 'lm_learner', 'clas_learner', 'install_imdb_sample']
+__all__ = ['PROFILES', 'TEXT_COL', 'LABEL_COL', 'VALID_COL', 'SPLIT_SEED', 'VALID_PCT', 'NETWORK_TIMEOUT_S', 'DISCRIMINATIVE',
+           'ENCODER', 'NUM_WORKERS', 'SHARED_SAMPLE', 'Stage', 'CLAS_RECIPE', 'Profile', 'get_profile', 'DataError',
+           'imdb_sample_path', 'subsample', 'imdb_sample_df', 'lm_dls', 'clas_dls', 'lm_learner', 'clas_learner',
+           'install_imdb_sample', 'check_text_data', 'read_text_csv', 'labelled_texts', 'pretrained_weights',
+           'lm_stages', 'clas_stages', 'fit_stage', 'stages_text', 'fit_stages', 'stray_draws', 'ulmfit_lm',
+           'ulmfit_classifier', 'train_classifier']
 
 # %% ../nbs/15_ulmfit.ipynb #2b42fb45
 @dataclass(frozen=True)
@@ -38,6 +46,15 @@ PROFILES = {
     'full': Profile('full', n_texts=None, max_chars=None, lm_bs=64, seq_len=72, clas_bs=64, emb_sz=400, n_hid=1152, n_layers=3,
                     lm_epochs=4, clas_epochs=4, lm_lr=2e-2, clas_lr=2e-2, pretrained=True),
 }
+
+# %% ../nbs/15_ulmfit.ipynb #3a4fc1b2
+TEXT_COL, LABEL_COL, VALID_COL = 'text', 'label', 'is_valid'  # the columns a CSV of labelled texts has
+SPLIT_SEED = 42          # seeds the validation split of a CSV without `is_valid` (unless given another seed)
+VALID_PCT = 0.2          # validation share of a CSV without an `is_valid` column (a split seeded with the run seed)
+NETWORK_TIMEOUT_S = 3    # how long to wait for the pretrained weights' server before training from scratch
+DISCRIMINATIVE = 2.6**4  # ULMFiT's discriminative learning rates: the first layer group trains 2.6**4 times slower than the last
+ENCODER = 'enc'          # file name (in `models/`) of the language model's saved encoder
+NUM_WORKERS = 0          # DataLoader worker processes; with ReproCB the batches are the same whatever the number
 
 # %% ../nbs/15_ulmfit.ipynb #7e3e6808
 def get_profile(profile:str|Profile) -> Profile:
@@ -118,3 +135,189 @@ def install_imdb_sample(csv=None, # a copy of fastai's imdb_sample/texts.csv; de
     if not (dest/'texts.csv').exists():
         dest.mkdir(parents=True, exist_ok=True); shutil.copy(csv, dest/'texts.csv')
     return dest
+
+# %% ../nbs/15_ulmfit.ipynb #dd07b247
+def _read_csv(path:Path) -> pd.DataFrame:
+    "`path` read as a CSV, every way of failing turned into a `DataError`"
+    if not path.exists(): raise DataError(f"{path}: no such file. Pass a CSV of labelled texts ({TEXT_COL!r} and {LABEL_COL!r} columns).")
+    if not path.is_file(): raise DataError(f"{path} is not a file. Pass a CSV of labelled texts ({TEXT_COL!r} and {LABEL_COL!r} columns).")
+    try: return pd.read_csv(path)
+    except pd.errors.EmptyDataError: raise DataError(f"{path} is empty: the demo needs a CSV with a header row and labelled texts.") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, OSError) as e:
+        raise DataError(f"{path} cannot be read as a CSV ({type(e).__name__}: {str(e).splitlines()[0]}). Save it as UTF-8 CSV with "
+                        f"a header row, e.g. from pandas: `df[['text', 'label']].to_csv(path, index=False)`.") from None
+
+def _valid_flags(s:pd.Series, path) -> pd.Series:
+    "The `is_valid` column as booleans: True/False, 1/0 or the strings 'true'/'false'"
+    if s.dtype == bool: return s
+    v = s.astype(str).str.strip().str.lower().map({'true': True, 'false': False, '1': True, '0': False, '1.0': True, '0.0': False})
+    if v.isna().any():
+        raise DataError(f"{path}: column {VALID_COL!r} must be True/False (or 1/0) in every row; got e.g. {s[v.isna()].iloc[0]!r}.")
+    return v.astype(bool)
+
+# %% ../nbs/15_ulmfit.ipynb #eb836b0a
+def check_text_data(df:pd.DataFrame, # texts, labels and the `is_valid` split
+                    where='the data', # how to name the data in messages
+                    profile:str|Profile|None=None, # also check there is enough text for this profile's batches
+                   ) -> pd.DataFrame:
+    "Raise `DataError` when `df` cannot make a classifier: one class, an empty split, validation labels never trained on, too little text"
+    trn, val = df[~df[VALID_COL]], df[df[VALID_COL]]
+    if df[LABEL_COL].nunique() < 2:
+        raise DataError(f"{where}: every text has the label {df[LABEL_COL].iloc[0]!r}. A classifier needs at least two classes.")
+    for name, part in (('training', trn), ('validation', val)):
+        if part.empty: raise DataError(f"{where}: the {name} split is empty ({len(df)} texts, {int(df[VALID_COL].sum())} marked "
+                                       f"{VALID_COL}). Mark some rows, but not all, as {VALID_COL}.")
+    if trn[LABEL_COL].nunique() < 2:
+        raise DataError(f"{where}: the training split has the single class {trn[LABEL_COL].iloc[0]!r}. Put texts of every class in it "
+                        "(shuffle the rows when they are sorted by label).")
+    unseen = sorted(map(str, set(val[LABEL_COL]) - set(trn[LABEL_COL])))
+    if unseen: raise DataError(f"{where}: the validation split has labels the training split never shows: {unseen}.")
+    if profile is not None:
+        p = get_profile(profile)
+        words, need = int(trn[TEXT_COL].str.split().str.len().sum()), p.lm_bs * p.seq_len + 1
+        if words < need or len(trn) < p.clas_bs:
+            raise DataError(f"{where}: too little text for the {p.name} profile: {len(trn)} training texts with {words} words; its "
+                            f"batches need at least {p.clas_bs} texts and {need} words. Add texts or use --profile test.")
+    return df
+
+# %% ../nbs/15_ulmfit.ipynb #7da54162
+def read_text_csv(path, # a CSV with a `text` and a `label` column, optionally `is_valid`
+                  seed:int=SPLIT_SEED, # seeds the validation split when the CSV has no `is_valid` column
+                  valid_pct:float=VALID_PCT, # validation share of that split
+                 ) -> pd.DataFrame:
+    "The labelled texts of a CSV with a boolean `is_valid` split, checked; a `DataError` says what is wrong"
+    path = Path(path)
+    df = _read_csv(path)
+    missing = [c for c in (TEXT_COL, LABEL_COL) if c not in df.columns]
+    if missing: raise DataError(f"{path} has no {' or '.join(map(repr, missing))} column (its columns: {list(df.columns)}). The demo needs "
+                                f"{TEXT_COL!r} (the texts) and {LABEL_COL!r} (their classes), optionally {VALID_COL!r} (True for validation rows).")
+    df = df.dropna(subset=[TEXT_COL, LABEL_COL]).reset_index(drop=True)
+    if df.empty: raise DataError(f"{path} has no row with both a {TEXT_COL!r} and a {LABEL_COL!r}.")
+    df[TEXT_COL] = df[TEXT_COL].astype(str)
+    if VALID_COL in df.columns: df[VALID_COL] = _valid_flags(df[VALID_COL], path)
+    else: df[VALID_COL] = np.random.default_rng(seed).permutation(len(df)) < round(valid_pct * len(df))
+    return check_text_data(df, str(path))
+
+# %% ../nbs/15_ulmfit.ipynb #480c4d5e
+def labelled_texts(data=None, # a CSV for `read_text_csv`; None: fastai's IMDB sample
+              profile:str|Profile='fast', # the profile whose `n_texts` and `max_chars` cut the data
+              seed:int=SPLIT_SEED, # seeds the validation split of a CSV without `is_valid`
+             ) -> pd.DataFrame:
+    "Labelled texts: the CSV `data` or the IMDB sample (a project copy if there is one, else a download), cut to `profile`'s size"
+    p = get_profile(profile)
+    if data is not None: df = subsample(read_text_csv(data, seed), p.n_texts, p.max_chars)
+    else:
+        if not (fastai_path('data')/'imdb_sample'/'texts.csv').exists(): install_imdb_sample()  # None when there is no project copy
+        df = imdb_sample_df(p)  # the download, or a `DataError` that says how to provide the sample
+    return check_text_data(df, 'the IMDB sample' if data is None else f'{data} (first texts for the {p.name} profile)', p)
+
+# %% ../nbs/15_ulmfit.ipynb #4ea2be7b
+def pretrained_weights(profile:str|Profile, # the profile to run
+                       timeout:float=NETWORK_TIMEOUT_S, # seconds to wait for the download server
+                      ) -> tuple[bool, str]:
+    "Can `profile` start from fastai's WT103 weights? `(available, why)`: they must be here or downloadable now"
+    p = get_profile(profile)
+    if not p.pretrained:
+        return False, (f"trained from scratch: the {p.name} profile's small AWD-LSTM (emb {p.emb_sz}, hidden {p.n_hid}, "
+                       f"{p.n_layers} layers) has no pretrained weights")
+    url = URLs.WT103_FWD
+    here = fastai_path('model')/Path(urlparse(url).path).stem
+    if list(here.glob('*.pth')): return True, f"fine-tuned from fastai's WT103 weights ({here})"
+    host = urlparse(url).hostname
+    try: socket.create_connection((host, 443), timeout=timeout).close()
+    except OSError as e: return False, f"trained from scratch: offline, the WT103 weights could not be downloaded ({host}: {e})"
+    try: untar_data(url, c_key='model')
+    except Exception as e: return False, f"trained from scratch: the WT103 download failed ({type(e).__name__}: {e})"
+    return True, "fine-tuned from fastai's WT103 weights (downloaded)"
+
+# %% ../nbs/15_ulmfit.ipynb #d94182c5
+Stage = namedtuple('Stage', 'freeze_to n_epoch lr')  # one `fit_one_cycle`: `learn.freeze_to(freeze_to)` (0: all layers), epochs, lr (a slice: discriminative)
+CLAS_RECIPE = ((-1, 1, 1.), (-2, 1, 1/2), (-3, 1, 1/4), (0, 2, 1/20))  # fastai's gradual unfreezing: (freeze_to, epochs, lr / clas_lr)
+
+# %% ../nbs/15_ulmfit.ipynb #83317a07
+def lm_stages(profile:str|Profile, # the profile
+              pretrained:bool, # whether the language model starts from WT103 weights
+             ) -> list:
+    "The language model's fits: ULMFiT's recipe from pretrained weights, else one fit of every layer"
+    p = get_profile(profile)
+    if pretrained: return [Stage(-1, 1, p.lm_lr), Stage(0, p.lm_epochs, p.lm_lr/10)]
+    return [Stage(0, p.lm_epochs, p.lm_lr)]
+
+def clas_stages(profile:str|Profile, # the profile
+               ) -> list:
+    "The classifier's fits: fastai's gradual unfreezing for a pretrained profile, else one fit of every layer"
+    p = get_profile(profile)
+    if not p.pretrained: return [Stage(0, p.clas_epochs, p.clas_lr)]
+    return [Stage(f, n, p.clas_lr*k if f == -1 else slice(p.clas_lr*k/DISCRIMINATIVE, p.clas_lr*k)) for f, n, k in CLAS_RECIPE]
+
+# %% ../nbs/15_ulmfit.ipynb #aaa2345c
+def fit_stage(learn:Learner, # the learner, its layer groups frozen as the stage says
+              stage:Stage, # the fit
+              **kwargs, # passed to `fit_one_cycle`: `cbs`, `start_epoch`, ...
+             ):
+    "Freeze `learn` as `stage` says and run its `fit_one_cycle`, without progress bars or printed tables"
+    if not kwargs.get('start_epoch'): learn.freeze_to(stage.freeze_to)  # a resumed fit was frozen before `load`: freezing clears the optimizer state
+    with learn.no_bar(), learn.no_logging(): learn.fit_one_cycle(stage.n_epoch, stage.lr, **kwargs)
+
+def stages_text(stages:list) -> str:
+    "`stages` in words: fits, epochs, layers trained"
+    layers = lambda f: 'all layers' if f == 0 else f'last {-f} group(s)'
+    eps = sum(s.n_epoch for s in stages)
+    return f"{len(stages)} fit(s), {eps} epoch(s): " + ', '.join(f"{s.n_epoch}x {layers(s.freeze_to)}" for s in stages)
+
+def fit_stages(learn:Learner, # the learner
+               stages:list, # its fits, in order
+               cbs=None, # callbacks for the last fit only (check 2's checkpoints and kill)
+              ):
+    "Run the fits `stages` on `learn`"
+    for i, s in enumerate(stages): fit_stage(learn, s, cbs=cbs if i == len(stages)-1 else None)
+
+# %% ../nbs/15_ulmfit.ipynb #7983d764
+def stray_draws(learn:Learner):
+    "Draw from every global generator and from the training DataLoader, as a user looking at the data does"
+    learn.dls.one_batch(); random.random(); np.random.rand(7); torch.rand(5)
+
+def ulmfit_lm(df:pd.DataFrame, # texts (`text`) and split (`is_valid`)
+              profile:str|Profile, # the run's size
+              seed:int, # the run seed (`ReproCB`) and the seed of the weights' initialisation
+              path, # the run's folder: the encoder goes to `path/models/enc.pth`
+              pretrained:bool=False, # start from WT103 weights (see `pretrained_weights`)
+              disturb:bool=False, # `stray_draws` before training
+             ) -> Learner:
+    "ULMFiT's first stage: the AWD-LSTM language model trained on `df`'s texts (`lm_stages`), its encoder saved"
+    p = get_profile(profile)
+    seed_everything(seed)  # before the DataLoaders and the model, as a user would
+    learn = lm_learner(lm_dls(df, p, num_workers=NUM_WORKERS), p, pretrained=pretrained, path=path, cbs=ReproCB(seed=seed, allow_dirty=True))
+    if disturb: stray_draws(learn)
+    fit_stages(learn, lm_stages(p, pretrained))
+    learn.save_encoder(ENCODER)
+    return learn
+
+# %% ../nbs/15_ulmfit.ipynb #cd195156
+def ulmfit_classifier(df:pd.DataFrame, # texts, labels and split
+                      vocab:list, # the language model's vocabulary
+                      profile:str|Profile, # the run's size
+                      seed:int, # the run seed (`ReproCB`)
+                      path, # the run's folder, holding the encoder in `models/enc.pth`
+                      init_seed:int|None=None, # seed of the weights' initialisation (default: `seed`)
+                      disturb:bool=False, # `stray_draws` before training
+                      cbs=None, # more callbacks for the learner
+                      drop_mult:float|None=None, # the AWD-LSTM dropout multiplier (default: the profile's)
+                      wd:float|None=None, # weight decay (default: fastai's)
+                     ) -> Learner:
+    "ULMFiT's second stage, built: the AWD-LSTM classifier on `df`, starting from the language model's encoder"
+    p = get_profile(profile)
+    if drop_mult is not None: p = dataclasses.replace(p, drop_mult=drop_mult)
+    seed_everything(seed if init_seed is None else init_seed)
+    learn = clas_learner(clas_dls(df, vocab, p, num_workers=NUM_WORKERS), p, path=path, wd=wd, cbs=[ReproCB(seed=seed, allow_dirty=True)] + list(L(cbs)))
+    learn.load_encoder(ENCODER)
+    if disturb: stray_draws(learn)
+    return learn
+
+def train_classifier(learn:Learner, # from `ulmfit_classifier`
+                     profile:str|Profile, # the run's size
+                     cbs=None, # callbacks for the last fit only
+                    ) -> Learner:
+    "Run the classifier's fits (`clas_stages`)"
+    fit_stages(learn, clas_stages(profile), cbs=cbs)
+    return learn

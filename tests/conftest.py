@@ -1,10 +1,13 @@
-"Shared fixtures: the IMDB sample under a temporary FASTAI_HOME, so nothing is downloaded."
-import os, shutil, sys
+"""Shared fixtures and helpers: the IMDB sample under a temporary FASTAI_HOME (nothing is downloaded), the command line in
+a fresh process, and bit-for-bit model comparison."""
+import os, shutil, subprocess, sys
 from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_CSV = ROOT.parent/'shared'/'data'/'imdb_sample'/'texts.csv'
+CLI_TIMEOUT_S = 120  # a command refused for bad input answers in seconds; training commands pass their own timeout
+
 
 @pytest.fixture(scope='session')
 def fastai_home(tmp_path_factory):
@@ -18,9 +21,32 @@ def fastai_home(tmp_path_factory):
     os.environ['FASTAI_HOME'] = str(home)
     return home
 
+
+def fastrepro_cli(*args, cwd=ROOT, timeout=CLI_TIMEOUT_S, **env) -> subprocess.CompletedProcess:
+    "Run `python -m fastrepro.cli args` in a fresh process (this checkout's fastrepro first on its path)"
+    env = {**os.environ, 'PYTHONPATH': os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]), 'MPLBACKEND': 'Agg',
+           **env}
+    return subprocess.run([sys.executable, '-m', 'fastrepro.cli', *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def assert_user_error(res, *expected):
+    "Exit code 2, one clear message on stderr naming the command, no traceback"
+    assert res.returncode == 2, (res.returncode, res.stdout[-2000:], res.stderr[-3000:])
+    assert 'Traceback' not in res.stderr + res.stdout, res.stderr
+    assert res.stderr.startswith('fastrepro ') and ': error:' in res.stderr.splitlines()[0], res.stderr
+    for e in expected: assert e in res.stderr, res.stderr
+
+
+def same_bits(a, b) -> bool:
+    "Do learners `a` and `b` hold the same parameters and buffers, bit for bit?"
+    import torch
+    sa, sb = a.model.state_dict(), b.model.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
 def run_py(code, cwd, env=None, timeout=600):
     "Run `code` in a fresh Python process; return its stdout (raise with its stderr on failure)"
-    import subprocess
     e = dict(os.environ, **(env or {}))
     r = subprocess.run([sys.executable, '-c', code], cwd=cwd, env=e, capture_output=True, text=True, timeout=timeout)
     if r.returncode != 0: raise AssertionError(f"subprocess failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}")

@@ -18,7 +18,12 @@ def learner(saved, vocab, **kwargs):
     return clas_learner(clas_dls(df, vocab=vocab), path=path, cbs=ReproCB(seed=1, allow_dirty=True), **kwargs)
 
 def test_same_vocab_loads(saved):
-    learner(saved, saved[2]).load('ck')
+    import torch
+    path, _, vocab = saved
+    learn = learner(saved, vocab).load('ck')
+    back = torch.load(path/'models'/'ck.pth', weights_only=False)['model']
+    assert all(torch.equal(v, back[k]) for k, v in learn.model.state_dict().items())
+    assert learn.repro_cb.pending is not None and learn.repro_cb.pending['seed'] == 1
 
 def test_other_vocabulary_of_the_same_size_is_refused(saved):
     vocab = list(saved[2]); vocab[10], vocab[11] = vocab[11], vocab[10]

@@ -1,25 +1,8 @@
 "End to end tests of the `fastrepro` command line: each runs `python -m fastrepro.cli` as its own process, on a ledger built here."
-import os, sys, json, shutil, subprocess
-from pathlib import Path
+import sys, json, shutil, subprocess
 import git, pytest
 from fastrepro.ledger import Ledger, LEDGER_ENV
-
-ROOT = Path(__file__).resolve().parents[1]
-TIMEOUT_S = 120
-
-
-def fastrepro(*args, cwd=None, **env):
-    "Run `python -m fastrepro.cli args` in a fresh process; the completed process"
-    env = {**os.environ, 'PYTHONPATH': os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]), **env}
-    return subprocess.run([sys.executable, '-m', 'fastrepro.cli', *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=TIMEOUT_S)
-
-
-def assert_user_error(res, *expected):
-    "Exit code 2, one clear message on stderr, no traceback"
-    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
-    assert 'Traceback' not in res.stderr, res.stderr
-    for e in expected: assert e in res.stderr, res.stderr
+from conftest import fastrepro_cli as fastrepro, assert_user_error, CLI_TIMEOUT_S
 
 
 @pytest.fixture(scope='module')
@@ -124,5 +107,5 @@ def test_env_outside_repo(tmp_path):
 
 @pytest.mark.skipif(shutil.which('fastrepro') is None, reason='the package is not installed (pip install -e .)')
 def test_console_script():
-    res = subprocess.run(['fastrepro', '--help'], capture_output=True, text=True, timeout=TIMEOUT_S)
+    res = subprocess.run(['fastrepro', '--help'], capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
     assert res.returncode == 0 and all(c in res.stdout for c in ('env', 'runs', 'compare'))

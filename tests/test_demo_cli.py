@@ -1,29 +1,17 @@
 """End to end tests of `fastrepro demo`: the test profile's whole demo in a fresh process (report files, exit code 0, every
 check passed), and input it cannot use (exit code 2, one clear message, no traceback)."""
-import os, sys, json, subprocess
-from pathlib import Path
+import json
 import pandas as pd
 import pytest
+from conftest import fastrepro_cli, assert_user_error, CLI_TIMEOUT_S
 
-ROOT = Path(__file__).resolve().parents[1]
 DEMO_TIMEOUT_S = 600   # the test profile takes about 1.5 minutes on a loaded 2-core CPU
-ERROR_TIMEOUT_S = 120  # bad input is refused before any training
 CHECKS = ['same seed, same bits', 'killed and resumed', 'fp16 loss scale', 'nondeterminism found', 'change over seeds', 'fast loop']
 
 
-def demo(*args, timeout=ERROR_TIMEOUT_S, **env):
-    "Run `python -m fastrepro.cli demo args` in a fresh process; the completed process"
-    env = {**os.environ, 'PYTHONPATH': os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]), 'MPLBACKEND': 'Agg', **env}
-    return subprocess.run([sys.executable, '-m', 'fastrepro.cli', 'demo', *map(str, args)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def assert_user_error(res, *expected):
-    "Exit code 2, one clear message on stderr, no traceback"
-    assert res.returncode == 2, (res.returncode, res.stdout[-2000:], res.stderr[-3000:])
-    assert 'Traceback' not in res.stderr + res.stdout, res.stderr
-    assert 'fastrepro demo: error:' in res.stderr, res.stderr
-    for e in expected: assert e in res.stderr, res.stderr
+def demo(*args, timeout=CLI_TIMEOUT_S, **env):
+    "Run `fastrepro demo args` in a fresh process; the completed process"
+    return fastrepro_cli('demo', *args, timeout=timeout, **env)
 
 
 def test_demo_test_profile(fastai_home, tmp_path):
@@ -101,7 +89,5 @@ def test_no_imdb_sample(tmp_path):
     "No IMDB sample, no project copy (the process runs outside the project) and no network: the message says how to provide it"
     env = dict(FASTAI_HOME=str(tmp_path/'empty_home'), no_proxy='', https_proxy='http://127.0.0.1:9', http_proxy='http://127.0.0.1:9',
                HTTPS_PROXY='http://127.0.0.1:9', HTTP_PROXY='http://127.0.0.1:9')
-    env = {**os.environ, 'PYTHONPATH': os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]), **env}
-    res = subprocess.run([sys.executable, '-m', 'fastrepro.cli', 'demo', '--profile', 'test', '--out', str(tmp_path/'o')],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=ERROR_TIMEOUT_S)
+    res = fastrepro_cli('demo', '--profile', 'test', '--out', tmp_path/'o', cwd=tmp_path, **env)
     assert_user_error(res, 'The IMDB sample is not available', 'imdb_sample/texts.csv', '--data')

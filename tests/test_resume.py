@@ -1,44 +1,55 @@
 """A run stopped after an epoch and resumed in a fresh process is bit-identical to the uninterrupted run.
 
-Each stage runs in its own process (tests/resume_job.py): reference, stop (cancel + learn.save, or SaveModelCallback
-and SIGKILL right after the checkpoint), resume (other global seed, learn.load, stray draws, lr_find, start_epoch)."""
-import subprocess, sys
-from pathlib import Path
-import pytest, torch
+Each stage runs in its own process (`fastrepro.jobs`): the reference; a stop (cancelled and `learn.save`d, or killed by
+SIGKILL right after `SaveModelCallback`'s checkpoint); the resume (another global seed, stray draws, `lr_find`,
+`learn.load`, the `start_epoch` that `checkpoint_info` reports). `same_run` compares the final model's sha256 over every
+parameter and buffer, every per-batch loss and parameter norm, the Recorder's values and, in fp16, every loss-scale row."""
+import signal
+import pytest
+from fastrepro.jobs import Job, job_process, job_error, STOP_EPOCH
+from fastrepro.trace import RunRecord, same_run
+from fastrepro.ulmfit import Stage, imdb_sample_df, lm_dls, subsample
 
-JOB = Path(__file__).with_name('resume_job.py')
+N_EPOCH, LR = 3, 1e-2
+FP16_TEXTS, FP16_CHARS = 40, 300  # fp16 matrix products are slow on a CPU: a smaller corpus for those runs
 
-def stage(kind, mode, out, *flags, killed=False):
-    r = subprocess.run([sys.executable, str(JOB), kind, mode, str(out), *flags], capture_output=True, text=True, timeout=900)
-    if killed: assert r.returncode == -9, (r.returncode, r.stderr[-3000:])
-    else: assert r.returncode == 0, r.stderr[-5000:]
 
-def assert_resumed_exactly(ref, res):
-    assert ref['state'].keys() == res['state'].keys()
-    for k in ref['state']: assert torch.equal(ref['state'][k], res['state'][k]), k
-    resumed = [i for i, e in enumerate(res['trace']['epoch']) if e >= 2]
-    assert resumed, 'the resumed run recorded no iteration'
-    ref_rows = {(f, it): l for f, it, l in zip(ref['trace']['fit'], ref['trace']['iter'], ref['trace']['loss'])}
-    for i in resumed:
-        key = (res['trace']['fit'][i], res['trace']['iter'][i])
-        assert ref_rows[key] == res['trace']['loss'][i], key
-    assert ref['values'][2:] == res['values'][2:]     # train loss (smoothed), valid loss, metrics of the resumed epochs
-    assert ref['values'] == res['values']             # and the Recorder's history of the epochs before
-    assert ref['scale'] == res['scale']               # the loss-scale history (fp16), every step
+@pytest.fixture(scope='module')
+def texts(fastai_home):
+    df = imdb_sample_df('test')
+    return df, lm_dls(df).vocab
+
+
+def run(spec, mode, *args, killed=False):
+    p = job_process(spec, mode, *args)
+    assert p.returncode == (-signal.SIGKILL if killed else 0), job_error(p)
+
+
+def check_resumes(job, stops=('cancel', 'kill')):
+    "Reference, then for each way of stopping: stop, resume, and compare with the reference"
+    spec = job.write()
+    run(spec, 'reference')
+    ref = RunRecord.load(job.path/'reference.pt')
+    for stop in stops:
+        run(spec, stop, killed=stop == 'kill')
+        ck = 'cancel' if stop == 'cancel' else f'kill_{STOP_EPOCH}'
+        run(spec, 'resume', ck)
+        res = RunRecord.load(job.path/f'resumed-{ck}.pt')
+        assert res.trace.epoch.max() == N_EPOCH - 1 and (res.trace.epoch > STOP_EPOCH).any()
+        ok, why = same_run(ref, res)
+        assert ok, f"{stop}: {why}"
+    return ref
+
 
 @pytest.mark.parametrize('kind', ['lm', 'clas'])
-def test_resume_is_bit_identical(kind, fastai_home, tmp_path):
-    if kind == 'clas': stage('ulmfit-prep', 'prep', tmp_path)
-    for mode in ('reference', 'cancel', 'resume-cancel'): stage(kind, mode, tmp_path)
-    stage(kind, 'kill', tmp_path, killed=True)
-    stage(kind, 'resume-kill', tmp_path)
-    ref = torch.load(tmp_path/f'{kind}-reference.pt')
-    for src in ('cancel', 'kill'):
-        assert_resumed_exactly(ref, torch.load(tmp_path/f'{kind}-resume-{src}.pt'))
+def test_resume_is_bit_identical(kind, texts, tmp_path):
+    df, vocab = texts
+    if kind == 'clas': run(Job('lm', df, tmp_path, stages=[Stage(0, 1, LR)]).write(), 'reference')  # the encoder
+    check_resumes(Job(kind, df, tmp_path, vocab, stages=[Stage(0, N_EPOCH, LR)]))
 
-def test_fp16_resume_is_bit_identical(fastai_home, tmp_path):
-    "fp16 on CPU (GradScaler and loss-scale history in the checkpoint): the same three-process test, LM"
-    for mode in ('reference', 'cancel', 'resume-cancel'): stage('lm', mode, tmp_path, '--fp16')
-    ref, res = (torch.load(tmp_path/f'lm-{m}-fp16.pt') for m in ('reference', 'resume-cancel'))
-    assert ref['scale'] is not None and len(ref['scale']['scale']) == len(res['scale']['scale'])
-    assert_resumed_exactly(ref, res)
+
+def test_fp16_resume_is_bit_identical(texts, tmp_path):
+    "fp16 on CPU: the GradScaler and the loss-scale history travel in the checkpoint"
+    job = Job('lm', subsample(texts[0], FP16_TEXTS, FP16_CHARS), tmp_path, fp16=True, stages=[Stage(0, N_EPOCH, LR)])
+    ref = check_resumes(job, stops=('cancel',))
+    assert ref.loss_scale is not None and len(ref.loss_scale) == len(ref.trace)
