@@ -11,6 +11,8 @@ from dataclasses import dataclass, asdict
 import numpy as np
 import pandas as pd
 from fastai.basics import *
+from fastai.callback.tracker import TrackerCallback, ReduceLROnPlateau
+from fastai.callback.training import GradientAccumulation
 from .core import *
 from .rng import *
 from .checkpoint import *
@@ -22,8 +24,9 @@ from .ledger import Ledger
 
 # %% auto #0
 __all__ = ['SEED_DRAW_BITS', 'LOSS_NAMES', 'DEFAULT_EXPERIMENT', 'ResumeError', 'data_fingerprint', 'recorder_state',
-           'set_recorder_state', 'grad_presence', 'set_grad_presence', 'Position', 'fit_metrics', 'FitRecord',
-           'ReproCB', 'loader_orders', 'set_loader_orders']
+           'set_recorder_state', 'grad_presence', 'set_grad_presence', 'carried_state', 'set_carried_state',
+           'metric_states', 'set_metric_states', 'fastai_callback_states', 'set_fastai_callback_states', 'Position',
+           'fit_metrics', 'FitRecord', 'ReproCB', 'loader_orders', 'set_loader_orders']
 
 # %% ../nbs/03_callback.ipynb #7e6d10e3
 SEED_DRAW_BITS = 31    # seeds drawn when none is given: short enough to type back
@@ -87,6 +90,66 @@ def set_grad_presence(model, present:list):
         if has and p.grad is None: p.grad = torch.zeros_like(p)
         elif has: p.grad.detach_().zero_()
         elif not has: p.grad = None
+
+# %% ../nbs/03_callback.ipynb #6f18acc1
+def _detached(o):
+    "`o` (a tensor, or lists and tuples of them) detached and on the CPU"
+    if isinstance(o, Tensor): return o.detach().as_subclass(Tensor).cpu().clone()
+    return type(o)(_detached(x) for x in o) if isinstance(o, (list, tuple)) else o
+
+def _to(o, device):
+    if isinstance(o, Tensor): return o.to(device)
+    return type(o)(_to(x, device) for x in o) if isinstance(o, (list, tuple)) else o
+
+def carried_state(model) -> dict:
+    "What `model` carries from one batch to the next: `hidden` (and `bs`) of each module that has `reset` and `hidden`"
+    return {n: {'hidden': _detached(m.hidden), 'bs': getattr(m, 'bs', None)} for n, m in get_model(model).named_modules()
+            if callable(getattr(m, 'reset', None)) and 'hidden' in m.__dict__}
+
+def set_carried_state(model, d:dict, device):
+    "Put `d` (from `carried_state`) back into `model`, its tensors on `device`"
+    for name, st in d.items():
+        m = get_model(model).get_submodule(name)
+        m.hidden = _to(st['hidden'], device)
+        if st['bs'] is not None: m.bs = st['bs']
+
+def metric_states(mets) -> list:
+    "The accumulators of fastai metrics `mets` (numbers, tensors, lists of tensors), one dict per metric"
+    keep = lambda v: isinstance(v, (int, float, Tensor)) or (isinstance(v, list) and all(isinstance(o, Tensor) for o in v))
+    return [{k: _detached(v) for k, v in vars(m).items() if keep(v) and not k.startswith('_')} for m in mets]
+
+def set_metric_states(mets, states:list, device):
+    "Put the accumulators of `metric_states` back"
+    for m, st in zip(mets, states):
+        for k, v in st.items(): setattr(m, k, _to(v, device))
+
+# %% ../nbs/03_callback.ipynb #39a2c2af
+def fastai_callback_states(learn:Learner) -> dict:
+    "The state of the attached fastai callbacks that keep one: trackers (best, wait, lowered rates), gradient accumulation"
+    res = {}
+    for cb in learn.cbs:
+        if isinstance(cb, TrackerCallback) and cb.best is not None:
+            st = {'best': float(cb.best), **({'wait': int(cb.wait)} if hasattr(cb, 'wait') else {})}
+            if isinstance(cb, ReduceLROnPlateau) and learn.opt is not None: st['lrs'] = [float(h['lr']) for h in learn.opt.hypers]
+            res[cb.name] = st
+        elif isinstance(cb, GradientAccumulation) and getattr(cb, 'count', 0):
+            res[cb.name] = {'count': int(cb.count), 'grads': [_detached(p.grad) for p in learn.model.parameters()]}
+    return res
+
+def set_fastai_callback_states(learn:Learner, states:dict):
+    "Put back the states `fastai_callback_states` returned, into the same callbacks (by name)"
+    for name, st in states.items():
+        cb = getattr(learn, name, None)
+        if cb is None:
+            warnings.warn(f"The checkpoint holds the state of fastai's `{name}`, which is not attached: a resumed run "
+                          f"without it differs from the uninterrupted one. Attach it before the fit.")
+            continue
+        if 'best' in st: cb.best = st['best']
+        if 'wait' in st: cb.wait = st['wait']
+        for h, lr in zip(learn.opt.hypers, st.get('lrs', [])): h['lr'] = lr
+        if 'grads' in st:
+            cb.count = st['count']
+            for p, g in zip(learn.model.parameters(), st['grads']): p.grad = None if g is None else g.to(p.device)
 
 # %% ../nbs/03_callback.ipynb #d5abb1b6
 @dataclass
@@ -166,6 +229,12 @@ class ReproCB(Callback):
         self.resuming = None         # that state, taken by the running fit, until its first epoch applies it
         self.prov = self.device = self._switches_before = None  # the running fit's provenance, device, switches before it
         self.active, self.cancelled, self.start_epoch = False, False, 0
+        self.resumes = False         # whether the running fit resumes an interrupted one
+        self.resume_batch = 0        # the batches of its first epoch the running fit skips (a resume inside an epoch)
+        self.inside = None           # what a resume inside an epoch restores at the first batch it runs
+        self._silenced = []          # the callbacks kept out of the epochs a resumed fit skips
+        self._train_end = None       # the generator states when the epoch's training ended (a checkpoint taken
+                                     # during validation resumes from there)
 
     def before_fit(self):
         self.active = in_fit(self.learn) and not in_lr_find(self.learn)  # not `validate`, `get_preds` or `lr_find`
@@ -181,34 +250,49 @@ class ReproCB(Callback):
         self.prov.update(env=env, env_hash=env['env_hash'])
         self.device = str(getattr(self.dls, 'device', None) or default_device())
         found = audit_fit(self.learn, env, self.allow_cudnn_rnn_dropout)
-        if self.resuming is not None and self.start_epoch: found += audit_resume(self.resuming['provenance'], self._provenance())
+        if self.resumes and self.resuming is not None: found += audit_resume(self.resuming['provenance'], self._provenance())
         self.findings.report(found)
         if self.deterministic_data: make_deterministic(self.dls, derive_seed(self.seed, 'data'), per_item=self.per_item)
         if self.start_epoch == 0: seed_global(derive_seed(self.seed, self.position.fit, 'fit'))
-        resumed = self.resuming['ledger_run'] if self.resuming is not None and self.start_epoch else None
+        resumed = self.resuming['ledger_run'] if self.resumes and self.resuming is not None else None
         self.record.start(self.learn, self.seed, self.position.fit, self.start_epoch, self.prov, resumed=resumed)
 
     def before_epoch(self):
         if not self.active or self.epoch < self.start_epoch: return
+        self._unsilence()
         if self.resuming is not None: self._resume(self.resuming)
         self._barrier(self.epoch)
-        self.position.epoch, self.position.batch = self.epoch, 0
+        self.position.epoch, self.position.batch = self.epoch, self._first_batch()
 
     def before_train(self):
-        if self.active and self.deterministic_data: set_epoch(self.dls.train, (self.position.fit, self.epoch))
+        if self.active and self.deterministic_data:
+            set_epoch(self.dls.train, (self.position.fit, self.epoch), start=self._first_batch())
 
-    def before_validate(self):
-        if self.active and self.deterministic_data: set_epoch(self.dl, (self.position.fit, self.epoch))
+    def before_batch(self):
+        if not (self.active and self.training) or self.epoch != self.start_epoch: return
+        self.learn.iter += self.resume_batch  # fastai counts the batches the loader served: the skipped ones too
+        if self.inside is not None: self._resume_inside()
 
     def after_batch(self):
         if not (self.active and self.training): return
         self.trace.record(self.position.fit, self.epoch, self.learn.train_iter, self.learn.loss, self.model)
         self.position.batch += 1
 
+    def after_train(self):
+        if not self.active: return
+        if self.inside is not None: self._resume_inside()  # a checkpoint taken during validation: no batch to wait for
+        self._train_end = rng_states()
+
+    def before_validate(self):
+        if self.active and self.deterministic_data: set_epoch(self.dl, (self.position.fit, self.epoch))
+
     def after_epoch(self):
         if not self.active or self.epoch < self.start_epoch: return
         self.trace.flush()
-        self.position.epoch, self.position.batch = self.epoch + 1, 0
+        self.position.epoch, self.position.batch, self._train_end = self.epoch + 1, 0, None
+
+    def after_cancel_epoch(self):
+        if self.active and self.epoch < self.start_epoch: self._silence()  # an epoch `SkipToEpoch` skips
 
     def after_cancel_fit(self): self.cancelled = True
     def after_fit(self):
@@ -222,8 +306,10 @@ class ReproCB(Callback):
         rec = getattr(self.learn, 'recorder', None)
         res = dict(seed=self.seed, position=self.position.state_dict(self.learn), grad_present=grad_presence(self.model),
                    recorder=recorder_state(rec) if rec is not None and hasattr(rec, 'lrs') else None,
-                   trace=self.trace.state_dict(), provenance=self._provenance(), ledger_run=self.record.run_id)
+                   trace=self.trace.state_dict(), provenance=self._provenance(), ledger_run=self.record.run_id,
+                   fastai_callbacks=fastai_callback_states(self.learn))
         if not self.deterministic_data: res['loader_orders'] = loader_orders(self.dls)
+        if self.position.batch: res['inside'] = self._inside_state()
         return res
 
     def load_state_dict(self, d:dict):
@@ -248,23 +334,27 @@ class ReproCB(Callback):
     def _begin_fit(self, start:int) -> dict|None:
         "Check this fit against the pending checkpoint, once, and set its position; the checkpoint's state, if any"
         p, self.pending = self.pending, None
-        if start > 0:
+        pos = None if p is None else p['position']
+        # a checkpoint written inside epoch 0 is resumed by the same fit call with start_epoch=0
+        inside_first = start == 0 and pos is not None and pos['epoch'] == 0 and pos['batch'] > 0 and pos['n_epoch'] == self.n_epoch
+        self.resumes, self.resume_batch = start > 0 or inside_first, 0
+        if self.resumes:
             if p is None:
                 warnings.warn(f"This fit resumes at epoch {start} but no fastrepro checkpoint was loaded: the Recorder, the "
                               "iteration count and the trace are not restored, so it will not be bit-identical.")
                 self.position = Position(max(self.position.fit, 0), self.n_epoch, start)
                 return None
-            pos = p['position']
-            if pos['batch']:
-                warnings.warn(f"The loaded checkpoint was written during epoch {pos['epoch']} (after {pos['batch']} batches): "
-                              "mid-epoch resume is not supported, so this run will not be bit-identical.")
+            if pos['batch'] and not self.deterministic_data:
+                raise ResumeError(f"The loaded checkpoint was written inside epoch {pos['epoch']} (after {pos['batch']} "
+                                  "batches). Resuming there needs deterministic data (`ReproCB(deterministic_data=True)`, "
+                                  "the default): without it the rest of the epoch's batches cannot be served again.")
             if pos['epoch'] != start:
                 raise ResumeError(f"The loaded checkpoint stopped before epoch {pos['epoch']} of its fit, so the resumed fit "
                                   f"must start at epoch {pos['epoch']}; got start_epoch={start}.")
             if pos['n_epoch'] != self.n_epoch:
                 raise ResumeError(f"The loaded checkpoint comes from a {pos['n_epoch']}-epoch fit; resuming it with n_epoch="
                                   f"{self.n_epoch} changes the schedule. Call the same fit method with n_epoch={pos['n_epoch']}.")
-            self.position = Position(pos['fit'], self.n_epoch, start)
+            self.position, self.resume_batch = Position(pos['fit'], self.n_epoch, start), pos['batch']
             return p
         dropped = _dropped_start_epoch()
         if dropped:
@@ -273,10 +363,10 @@ class ReproCB(Callback):
                               "epoch 0. Resume with `fit_one_cycle`, `fit_sgdr` or `fit`, which honour start_epoch.")
         fit = self.position.fit
         if p is not None:
-            pos = p['position']
-            if pos['n_epoch'] is not None and pos['epoch'] < pos['n_epoch']:
-                warnings.warn(f"The loaded checkpoint stopped before epoch {pos['epoch']} of a {pos['n_epoch']}-epoch fit, "
-                              f"but this fit starts at epoch 0. To resume it, pass start_epoch={pos['epoch']}.")
+            if pos['n_epoch'] is not None and (pos['epoch'], pos['batch']) < (pos['n_epoch'], 0):
+                warnings.warn(f"The loaded checkpoint stopped inside its {pos['n_epoch']}-epoch fit (epoch {pos['epoch']}, "
+                              f"batch {pos['batch']}), but this fit starts anew. To resume it, call the same fit with "
+                              f"start_epoch={pos['epoch']}.")
             fit = max(fit, pos['fit'])
         self.position = Position(fit + 1, self.n_epoch, 0)
         return p  # a new fit after the checkpoint's: it continues the trace, and the gradients the optimizer steps
@@ -286,11 +376,44 @@ class ReproCB(Callback):
         self.resuming = None
         self.trace.load_state_dict(p['trace'])
         set_grad_presence(self.model, p['grad_present'])
-        if self.start_epoch == 0: return  # a new fit: a fresh Recorder, iterations from 0
+        if not self.resumes: return  # a new fit: a fresh Recorder, iterations from 0
         if p['recorder'] is not None and hasattr(self.learn, 'recorder'):
             set_recorder_state(self.learn.recorder, p['recorder'], self.dls.device or 'cpu')
         self.learn.train_iter = p['position']['train_iter']
         if 'loader_orders' in p: set_loader_orders(self.dls, p['loader_orders'])
+        set_fastai_callback_states(self.learn, p['fastai_callbacks'])
+        self.inside = p.get('inside')  # a resume inside the epoch: the rest waits for its first batch (see below)
+
+    def _first_batch(self) -> int: return self.resume_batch if self.epoch == self.start_epoch else 0
+
+    def _inside_state(self) -> dict:
+        "What a resume inside the epoch needs, as it stands now (or as training ended, during validation)"
+        rec = getattr(self.learn, 'recorder', None)
+        return dict(generators=self._train_end if not self.training and self._train_end else rng_states(),
+                    pct_train=float(self.learn.pct_train), carried=carried_state(self.model),
+                    train_metrics=metric_states(rec._train_mets[1:]) if rec is not None else [])
+
+    def _resume_inside(self):
+        "Restore, at the first batch of a resume inside an epoch, what fastai's `before_train` events reset"
+        st, self.inside, device = self.inside, None, self.dls.device or 'cpu'
+        restore_rng_states(st['generators'])
+        self.learn.pct_train = st['pct_train']
+        set_carried_state(self.model, st['carried'], device)
+        rec = getattr(self.learn, 'recorder', None)
+        if rec is not None: set_metric_states(rec._train_mets[1:], st['train_metrics'], device)
+
+    def _silence(self):
+        "Keep the other callbacks out of the end of an epoch that a resumed fit skips"
+        # fastai's `SkipToEpoch` cancels the epoch and still sends `after_epoch` to every callback, with an empty Recorder
+        # row: fastai's trackers read it (IndexError), `SaveModelCallback(every_epoch=True)` saves the resumed model under
+        # the skipped epoch's name. This callback comes first in `after_cancel_epoch`, and silences the others until the
+        # next epoch starts.
+        self._silenced += [cb for cb in self.learn.cbs if cb is not self and cb.run]
+        for cb in self._silenced: cb.run = False
+
+    def _unsilence(self):
+        for cb in self._silenced: cb.run = True
+        self._silenced = []
 
     def _barrier(self, epoch:int):
         "Seed every generator, each DataLoader's included, from (seed, fit index, epoch)"
@@ -300,7 +423,8 @@ class ReproCB(Callback):
     def _end_fit(self, status:str, notes:str|None=None):
         "Put back what the fit changed, and complete its record; also when it raised"
         if not self.active: return
-        self.active = False
+        self.active, self.inside, self.resume_batch, self._train_end = False, None, 0, None
+        self._unsilence()
         if self._switches_before is not None: set_switches(self._switches_before); self._switches_before = None
         if self.deterministic_data: undo_deterministic(self.dls)
         self.trace.flush()

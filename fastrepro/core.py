@@ -1,4 +1,4 @@
-"""The few hooks every fastrepro callback shares: which fit is running, whether it resumes, which callbacks carry state, and cleanup when `fit` raises.
+"""The few hooks every fastrepro callback shares: which fit is running and whether it resumes, which callbacks carry state, callbacks that plan a fit before it starts, and cleanup when `fit` raises.
 
 Docs: https://fastrepro.github.io/fastrepro/core.html.md"""
 
@@ -10,12 +10,16 @@ from fastai.basics import *
 from fastai.callback.schedule import LRFinder
 
 # %% auto #0
-__all__ = ['resume_epoch', 'in_lr_find', 'is_stateful', 'stateful_cbs', 'in_fit']
+__all__ = ['resume_epoch', 'resume_batch', 'in_lr_find', 'is_stateful', 'stateful_cbs', 'in_fit']
 
 # %% ../nbs/00_core.ipynb #ef260262
 def resume_epoch(learn:Learner) -> int:
     "The epoch the running fit starts at: `start_epoch` when it resumes, 0 for a fresh fit."
     return max([cb._skip_to for cb in learn.cbs if isinstance(cb, SkipToEpoch)], default=0)
+
+def resume_batch(learn:Learner) -> int:
+    "The batches of the first epoch that the running fit skips: >0 when it resumes in the middle of that epoch"
+    return max([getattr(cb, 'resume_batch', 0) for cb in learn.cbs], default=0)
 
 # %% ../nbs/00_core.ipynb #b4b2adf3
 def in_lr_find(learn:Learner) -> bool:
@@ -34,11 +38,17 @@ def stateful_cbs(learn:Learner) -> L:
 # %% ../nbs/00_core.ipynb #721ad132
 _fastai_fit = Learner.fit
 
+def _finding_lr(learn:Learner, extra:L) -> bool: return any(isinstance(cb, LRFinder) for cb in L(learn.cbs) + extra)
+
 @patch
 @delegates(_fastai_fit)
 def fit(self:Learner, n_epoch, lr=None, wd=None, cbs=None, reset_opt=False, start_epoch=0):
-    "fastai's `Learner.fit`; callbacks defining `after_fit_exception(exc)` are told when the fit raises"
+    "fastai's `Learner.fit`; attached callbacks may plan it (`plan_fit`) and are told when it raises (`after_fit_exception`)"
     extra = L(cbs)
+    if not _finding_lr(self, extra):
+        for cb in self.cbs.filter(lambda o: callable(getattr(type(o), 'plan_fit', None))):
+            start_epoch = cb.plan_fit(n_epoch, start_epoch)
+            if start_epoch is None: return  # completed by an earlier run of the script: its end state is loaded
     self.__dict__['_repro_fit_depth'] = self.__dict__.get('_repro_fit_depth', 0) + 1
     try: return _fastai_fit(self, n_epoch, lr=lr, wd=wd, cbs=cbs, reset_opt=reset_opt, start_epoch=start_epoch)
     except BaseException as exc:

@@ -43,6 +43,7 @@ class DataStreams:
                 ):
         self.seed, self.per_item, self.dl_idx, self.epoch = int(seed), bool(per_item), int(dl_idx), _as_epoch(epoch)
         self.steps_draw = bool(steps_draw)
+        self.start = 0    # the first batch of the next pass: a pass resumed in its middle skips the batches before it
         self.step = None  # the batch `__iter__` is fetching in the main process (not state: it lives within a pass)
 
     def seed_for(self, *coords) -> int:
@@ -50,9 +51,9 @@ class DataStreams:
         return derive_seed(self.seed, self.dl_idx, self.epoch, *coords)
 
     def advance(self):
-        "Move on to the next pass: `epoch+1`, or a tuple with its last element plus one"
+        "Move on to the next pass: `epoch+1`, or a tuple with its last element plus one, from its first batch"
         e = self.epoch
-        self.epoch = e[:-1]+(e[-1]+1,) if isinstance(e, tuple) else e+1
+        self.epoch, self.start = e[:-1]+(e[-1]+1,) if isinstance(e, tuple) else e+1, 0
 
     def __repr__(self):
         return f"DataStreams(seed={self.seed}, epoch={self.epoch}, per_item={self.per_item}, dl_idx={self.dl_idx}, steps_draw={self.steps_draw})"
@@ -113,39 +114,50 @@ def randomize(self:DataLoader):
     if st is None: return _fastai['randomize'](self)
     self.rng = random.Random(st.seed_for(SHUFFLE_STREAM))
 
+def _skip(idxs, n:int):
+    "`idxs` without its first `n` samples"
+    if not n: return idxs
+    return idxs[n:] if hasattr(idxs, '__getitem__') and hasattr(idxs, '__len__') else itertools.islice(idxs, n, None)
+
 @patch
 def get_idxs(self:DataLoader):
     "fastai's `get_idxs`; with streams, the shuffle starts from the canonical order under the pass's shuffle stream"
     st = data_streams(self)
     if st is None: return _fastai['get_idxs'](self)
     if self.shuffle: _reset_order(self)
-    with _seeded(st.seed_for(SHUFFLE_STREAM)): return _fastai['get_idxs'](self)
+    if st.start and not self.indexed:
+        raise ValueError(f"A pass over an iterable (not indexed) dataset cannot start at batch {st.start}: its items come "
+                         "one after the other from the dataset's iterator, so the batches before would have to be made "
+                         "again. Resume such a run at an epoch boundary.")
+    with _seeded(st.seed_for(SHUFFLE_STREAM)): idxs = _fastai['get_idxs'](self)
+    return _skip(idxs, st.start*(self.bs or 1))  # the whole order is drawn first: the same whatever the start
 
 # %% ../nbs/05_data.ipynb #ef7f8119
-def _pass_pos(dl, pos:int) -> int:
+def _pass_pos(dl, st:DataStreams, pos:int) -> int:
     "The position in the whole pass of the `pos`-th sample this process makes (fastai deals batches to workers in turn)"
     bs = dl.bs or 1
-    return ((pos//bs)*dl.num_workers + dl.offs)*bs + pos%bs
+    return (st.start + (pos//bs)*dl.num_workers + dl.offs)*bs + pos%bs
 
 def _seed_items(dl, st:DataStreams, samps):
     "Yield `samps`, seeding the CPU generators from each sample's stream just before fastai makes its item"
     for pos, s in enumerate(samps):
-        _seed_cpu(st.seed_for(int(s) if isinstance(s, (int, np.integer)) else _pass_pos(dl, pos)))
+        _seed_cpu(st.seed_for(int(s) if isinstance(s, (int, np.integer)) else _pass_pos(dl, st, pos)))
         yield s
 
 def _stream_batches(dl, st:DataStreams, samps):
     "fastai's `create_batches`, items seeded from their streams; in the main process, states restored after each batch"
     batches = _fastai['create_batches'](dl, _seed_items(dl, st, samps) if st.per_item else samps)
     in_main = get_worker_info() is None
-    for i in itertools.count(dl.offs, dl.num_workers):  # batch `i` of the pass is made by worker `i % num_workers`
-        fresh = in_main and i > 0 and st.step == i  # `__iter__`'s step `i` seeded them, and nothing drew since
+    for i in itertools.count(dl.offs, dl.num_workers):  # batch `i` of this pass is made by worker `i % num_workers`
+        b_ = st.start + i  # the batch's index in the whole pass
+        fresh = in_main and i > 0 and st.step == b_  # `__iter__`'s step seeded them, and nothing drew since
         saved = _cpu_states() if in_main and not fresh else None
-        if not st.per_item: _seed_cpu(st.seed_for(ITEMS_STREAM, i))
+        if not st.per_item: _seed_cpu(st.seed_for(ITEMS_STREAM, b_))
         try: b = next(batches)
         except StopIteration: return
         finally:
             if saved is not None: _set_cpu_states(saved)
-            elif fresh: _seed_cpu(st.seed_for(BATCH_STREAM, i))
+            elif fresh: _seed_cpu(st.seed_for(BATCH_STREAM, b_))
         yield b
 
 @patch
@@ -163,9 +175,9 @@ def _stream_iter(dl, st:DataStreams):
     for i in itertools.count():
         if not st.steps_draw: b = next(batches, done)  # nothing in the step draws: no stream needed
         else:
-            st.step = i
+            st.step = st.start + i  # the batch's index in the whole pass
             try:
-                with _seeded(st.seed_for(BATCH_STREAM, i), cuda_gen): b = next(batches, done)
+                with _seeded(st.seed_for(BATCH_STREAM, st.step), cuda_gen): b = next(batches, done)
             finally: st.step = None
         if b is done: break
         yield b
@@ -228,9 +240,10 @@ def undo_deterministic(dls):
 
 def set_epoch(dls, # a `DataLoaders`, one `DataLoader`, or a list of them
               epoch, # the pass coordinate: an int, or a tuple such as `(fit_idx, epoch)`
+              start:int=0, # the first batch of that pass: a pass resumed in its middle skips the batches before it
              ):
-    "Set the coordinate of the next pass of each deterministic DataLoader of `dls`"
+    "Set the coordinate of the next pass of each deterministic DataLoader of `dls`, and the batch it starts at"
     streams = [st for st in map(data_streams, _loaders(dls)) if st is not None]
     if not streams: raise ValueError("None of these DataLoaders has streams, so an epoch means nothing to them: "
                                      "call `make_deterministic(dls, seed)` first.")
-    for st in streams: st.epoch = _as_epoch(epoch)
+    for st in streams: st.epoch, st.start = _as_epoch(epoch), int(start)

@@ -224,26 +224,36 @@ def check_same_seed(demo:Demo):
 # %% ../nbs/16_demo.ipynb #874674dd
 @demo_check('killed and resumed')
 def check_resume(demo:Demo):
-    "Check 2: a run killed after an epoch and resumed in a fresh process is bit-identical to the uninterrupted run A"
+    "Check 2: runs killed after an epoch (SIGKILL) and inside one (SIGTERM), resumed in fresh processes, are run A"
     ref, path = demo.reference, demo.work/'resume'
     job = Job('clas', demo.df, path, ref.vocab, demo.profile, demo.seed, demo.threads)
     spec = job.write()
     shutil.copy(ref.path/'models'/f'{ENCODER}.pth', path/'models'/f'{ENCODER}.pth')
+    last = ref.clas.trace[ref.clas.trace.fit == ref.clas.trace.fit.max()]
+    n_iter = len(last)//job.stages[-1].n_epoch
+    it = n_iter + n_iter//2 if job.stages[-1].n_epoch > 1 else n_iter//2  # inside the last fit's second epoch
     ck = f'kill_{STOP_EPOCH}'
-    killed, resumed = demo._steps([('process 1: train, checkpoint, SIGKILL', lambda: job_process(spec, 'kill')),
-                                   ('process 2: load, resume', lambda: job_process(spec, 'resume', ck))])
-    if killed.returncode != -signal.SIGKILL:
-        return False, f"The first process was not killed by SIGKILL ({job_error(killed)})", {}
-    if resumed.returncode != 0: return False, f"The resuming process failed ({job_error(resumed)})", {}
-    info = checkpoint_info(path/'models'/f'{ck}.pth')
+    steps = [('process 1: train, checkpoint, SIGKILL', lambda: job_process(spec, 'kill')),
+             ('process 2: load, resume', lambda: job_process(spec, 'resume', checkpoint=ck)),
+             (f'process 3: train, SIGTERM at iteration {it}', lambda: job_process(spec, 'preempt', kill=(it, signal.SIGTERM))),
+             ('process 4: load, resume inside the epoch', lambda: job_process(spec, 'resume', checkpoint='checkpoint'))]
+    killed, resumed, termed, resumed2 = demo._steps(steps)
+    for p, status, what in ((killed, -signal.SIGKILL, 'killed by SIGKILL'), (resumed, 0, 'resumed'),
+                            (termed, 128 + signal.SIGTERM, 'ended by SIGTERM with a checkpoint'), (resumed2, 0, 'resumed')):
+        if p.returncode != status: return False, f"A process was not {what} ({job_error(p)})", {}
+    info, inside = (checkpoint_info(path/'models'/f'{c}.pth') for c in (ck, 'checkpoint'))
     ok, why = same_run(ref.clas, RunRecord.load(path/f'resumed-{ck}.pt'))
+    ok2, why2 = same_run(ref.clas, RunRecord.load(path/'resumed-checkpoint.pt'))
     git = info['git']
     code = f"commit {git['commit'][:8]}{' + patch' if git['dirty'] else ''}" if git and git['commit'] else 'no commit'
     detail = (f"Killed by SIGKILL after epoch {info['start_epoch']} (checkpoint: seed {info['seed']}, fit {info['fit_idx']}, "
               f"iteration {info['iteration']}, {code}); resumed in a fresh process with global seed "
-              f"{demo.seed + RESUME_SEED_OFFSET}: {why} with the uninterrupted run.")
-    keys = ('seed', 'fit_idx', 'start_epoch', 'iteration', 'callbacks')
-    return ok, detail, dict(checkpoint={**{k: info[k] for k in keys}, 'num_threads': info['env']['num_threads']})
+              f"{demo.seed + RESUME_SEED_OFFSET}: {why} with the uninterrupted run. Stopped by SIGTERM inside epoch "
+              f"{inside['start_epoch']}, after {inside['batch']} of {n_iter} batches (CheckpointCB wrote the checkpoint at "
+              f"the signal and exited with {termed.returncode}), and resumed there: {why2}.")
+    keys = ('seed', 'fit_idx', 'start_epoch', 'batch', 'iteration', 'callbacks')
+    return ok and ok2, detail, dict(checkpoint={**{k: info[k] for k in keys}, 'num_threads': info['env']['num_threads']},
+                                    inside={k: inside[k] for k in keys})
 
 # %% ../nbs/16_demo.ipynb #df61a721
 @demo_check('fp16 loss scale')

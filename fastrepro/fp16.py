@@ -73,7 +73,7 @@ def _hist_to_lists(hist:dict) -> dict:
     return {c: (hist[c].tolist() if isinstance(hist[c], Tensor) else list(hist[c])) for c in HISTORY_COLUMNS}
 
 # %% ../nbs/06_fp16.ipynb #de8fce94
-_STATE_KEYS = ('amp_mode', 'scaler', 'n_fits', 'epoch_end_iter', 'history')  # what `state_dict` returns
+_STATE_KEYS = ('amp_mode', 'scaler', 'n_fits', 'iter', 'epoch_end_iter', 'history')  # what `state_dict` returns
 
 @delegates(GradScaler, but=['device', 'enabled'])
 class ReproMixedPrecision(MixedPrecision):
@@ -213,15 +213,15 @@ class ReproMixedPrecision(MixedPrecision):
         "This callback's state now (history as lists); with `live`, the running fit's scaler, else the last fit's"
         self._flush()
         scaler = self.scaler.state_dict() if live and self._active and self.scaler is not None else self._scaler_state
-        return dict(amp_mode=self.amp_mode.value, scaler=scaler, n_fits=self.n_fits, epoch_end_iter=self._epoch_end_iter,
-                    history=_hist_to_lists(self._hist))
+        return dict(amp_mode=self.amp_mode.value, scaler=scaler, n_fits=self.n_fits, iter=self._iter,
+                    epoch_end_iter=self._epoch_end_iter, history=_hist_to_lists(self._hist))
 
     def _start_fit(self):
         "Take the pending state: resume the saved fit, or start a fresh one"
         start, st, self.pending = resume_epoch(self.learn), self.pending, None
-        if start > 0:
+        if start > 0 or resume_batch(self.learn):
             st = st if st is not None else self._own_state(live=False)  # the scaler fastai just built is not ours to resume
-            if st['n_fits'] > 0: return self._resume(st, start)
+            if st['n_fits'] > 0: return self._resume(st, st['iter'] if resume_batch(self.learn) else st['epoch_end_iter'])
             warnings.warn(f"This fit resumes at epoch {start}, but no loss-scale state was loaded: the GradScaler restarts "
                           "at its initial scale, so the run will not match the uninterrupted one. Attach the callback "
                           "before `learn.load` of a fastrepro checkpoint.")
@@ -229,14 +229,14 @@ class ReproMixedPrecision(MixedPrecision):
             self._hist, self.n_fits = st['history'], st['n_fits']
         self.fit_idx, self.n_fits, self._iter, self._epoch_end_iter = self.n_fits, self.n_fits + 1, 0, 0
 
-    def _resume(self, st:dict, start:int):
-        "Continue the fit saved in `st` at epoch `start`: scaler, history and iteration count"
+    def _resume(self, st:dict, it:int):
+        "Continue the fit saved in `st` at its step `it`: scaler, history and iteration count"
         self._unflushed, self.n_fits = [], st['n_fits']
         self.fit_idx = self.n_fits - 1
         h = st['history']
-        keep = [not (f == self.fit_idx and e >= start) for f, e in zip(h['fit'], h['epoch'])]
+        keep = [not (f == self.fit_idx and i >= it) for f, i in zip(h['fit'], h['iter'])]  # an abandoned attempt's rows go
         self._hist = {c: [v for v, k in zip(h[c], keep) if k] for c in HISTORY_COLUMNS}
-        self._iter = self._epoch_end_iter = st['epoch_end_iter']
+        self._iter, self._epoch_end_iter = it, st['epoch_end_iter']
         if st['amp_mode'] != self.amp_mode.value:
             warnings.warn(f"The loss-scale state was saved in {st['amp_mode']} mode and this fit runs in "
                           f"{self.amp_mode.value}: its scaler starts afresh, so the run will not match the uninterrupted one. "

@@ -6,36 +6,50 @@ Docs: https://fastrepro.github.io/fastrepro/jobs.html.md"""
 
 # %% ../nbs/15a_jobs.ipynb #992a3c85
 from __future__ import annotations
-import os, sys, signal, subprocess, dataclasses
+import os, sys, json, signal, subprocess, dataclasses
 from dataclasses import dataclass
 import numpy as np, pandas as pd
 from fastai.text.all import *
+from fastai.callback.tracker import TrackerCallback, ReduceLROnPlateau
 import fastrepro
 from .rng import seed_everything
 from .callback import ReproCB
 from .fp16 import ReproMixedPrecision  # also adds `Learner.to_repro_fp16`
-from .checkpoint import checkpoint_info
-from .trace import RunRecord
+from .preempt import CheckpointCB
+from .checkpoint import checkpoint_info, read_checkpoint
+from .trace import RunRecord, state_digest
 from .ulmfit import *
 
 # %% auto #0
-__all__ = ['STOP_EPOCH', 'RESUME_SEED_OFFSET', 'JOB_FILE', 'JOB_TIMEOUT_S', 'StopAfter', 'Job', 'run_job', 'job_process',
-           'job_error']
+__all__ = ['STOP_EPOCH', 'RESUME_SEED_OFFSET', 'JOB_FILE', 'JOB_TIMEOUT_S', 'BEST', 'StopAfter', 'KillAt', 'Job', 'run_job',
+           'job_process', 'job_error']
 
 # %% ../nbs/15a_jobs.ipynb #2d5b20f4
 STOP_EPOCH = 0            # the last fit is stopped right after this epoch (0-based)
 RESUME_SEED_OFFSET = 1000 # the resuming process seeds its globals with seed + this: another seed, on purpose
 JOB_FILE = 'job.pkl'      # the job file in the run's folder
 JOB_TIMEOUT_S = 900       # a job process that runs longer than this is killed and reported
+BEST = 'best'             # the file name of `SaveModelCallback`'s best model, with `trackers`
 
 class StopAfter(Callback):
-    "After epoch `epoch`, end the fit (`how='cancel'`) or this process by SIGKILL (`how='kill'`), as a machine that dies"
-    order = SaveModelCallback.order + 1  # after SaveModelCallback wrote that epoch's checkpoint
+    "After epoch `epoch`, end this process by SIGKILL (`how='kill'`), or save `cancel.pth` and end the fit (`how='cancel'`)"
+    order = TrackerCallback.order + 4  # after fastai's trackers (60-63) decided on the epoch, SaveModelCallback saved it
     def __init__(self, epoch:int, how:str='kill'): self.stop_epoch, self.how = epoch, how
     def after_epoch(self):
         if self.epoch != self.stop_epoch: return
         if self.how == 'kill': os.kill(os.getpid(), signal.SIGKILL)
+        self.learn.save('cancel', with_opt=True)  # inside the fit: the callbacks passed to it are still attached
         raise CancelFitException()
+
+class KillAt(Callback):
+    "Send this process `signum` after training iteration `it` (of the script's fit `fit`, with autoresume)"
+    def __init__(self, it:int, signum:int=signal.SIGKILL, fit:int|None=None):
+        store_attr()
+        # SIGKILL after CheckpointCB wrote this iteration's periodic checkpoint; SIGTERM before it looks for a signal
+        self.order = CheckpointCB.order + (1 if signum == signal.SIGKILL else -1)
+    def after_batch(self):
+        if not self.training or self.learn.train_iter != self.it: return
+        if self.fit is None or self.learn.checkpoint_cb.fit_number == self.fit: os.kill(os.getpid(), self.signum)
 
 # %% ../nbs/15a_jobs.ipynb #964e8bfb
 @dataclass
@@ -50,28 +64,43 @@ class Job:
     threads:int|None=1 # torch CPU threads of the process (None: torch's default)
     fp16:bool=False # train with `to_repro_fp16()`
     stages:list|None=None # the fits; default: the profile's recipe (`lm_stages` / `clas_stages`)
+    num_workers:int=NUM_WORKERS # DataLoader worker processes
+    every_iters:int=3 # `CheckpointCB`'s interval in the `preempt`, `resume` (with a kill) and `script` modes
+    trackers:bool=False # the last fit has `SaveModelCallback(monitor='valid_loss')` and `ReduceLROnPlateau(patience=0)`
+    method:str='fit_one_cycle' # the fit method of the stages (`fit`: a constant rate that `ReduceLROnPlateau` lowers)
 
     def __post_init__(self):
         self.path = Path(self.path)
         if self.stages is None:
             self.stages = lm_stages(self.profile, False) if self.kind == 'lm' else clas_stages(self.profile)
 
-    def learner(self, init_seed:int|None=None, disturb:bool=False) -> Learner:
+    def learner(self, init_seed:int|None=None, disturb:bool=False, cbs=None) -> Learner:
         "The run's learner, built the same way in every process (weights initialised from `init_seed`, default `seed`)"
         if self.threads: torch.set_num_threads(self.threads)
-        if self.kind == 'lm':
-            seed_everything(self.seed if init_seed is None else init_seed)
-            learn = lm_learner(lm_dls(self.df, self.profile, num_workers=NUM_WORKERS), self.profile, pretrained=False,
-                               path=self.path, cbs=ReproCB(seed=self.seed, allow_dirty=True))
-            if disturb: stray_draws(learn)
-        else: learn = ulmfit_classifier(self.df, self.vocab, self.profile, self.seed, self.path, init_seed, disturb)
+        build = ulmfit_lm_learner if self.kind == 'lm' else partial(ulmfit_classifier, vocab=self.vocab)
+        learn = build(df=self.df, profile=self.profile, seed=self.seed, path=self.path, init_seed=init_seed,
+                      disturb=disturb, num_workers=self.num_workers, cbs=cbs)
         return learn.to_repro_fp16() if self.fp16 else learn
 
-    def train(self, learn:Learner, cbs=None) -> Learner:
-        "Run the fits on `learn`, `cbs` attached to the last one"
-        fit_stages(learn, self.stages, cbs=cbs)
+    def last_cbs(self, *cbs) -> list:
+        "The callbacks of the last fit: `cbs`, and the trackers"
+        if not self.trackers: return list(cbs)
+        self._best = SaveModelCallback(monitor='valid_loss', fname=BEST)  # `record` reads its decision
+        return list(cbs) + [self._best, ReduceLROnPlateau(patience=0)]
+
+    def train(self, learn:Learner, *cbs) -> Learner:
+        "Run the fits on `learn`, `cbs` (and the trackers) attached to the last one"
+        fit_stages(learn, self.stages, cbs=self.last_cbs(*cbs), method=self.method)
         if self.kind == 'lm': learn.save_encoder(ENCODER)
         return learn
+
+    def record(self, learn:Learner, name:str):
+        "Write `learn`'s `RunRecord` as `name`, and with trackers, their decisions as `name-trackers.pt`"
+        RunRecord.of(learn).save(self.path/name)
+        if not self.trackers: return
+        best = learn.path/learn.model_dir/f'{BEST}.pth'
+        torch.save({'best': float(self._best.best), 'lrs': [float(h['lr']) for h in learn.opt.hypers],
+                    'best_model': state_digest(read_checkpoint(best)['model'])}, self.path/f'{name}-trackers.pt')
 
     def write(self) -> Path:
         "Write the job file into the run's folder; its path"
@@ -80,37 +109,53 @@ class Job:
         return self.path/JOB_FILE
 
 # %% ../nbs/15a_jobs.ipynb #384b4fad
+def _script(job:Job, kill=None):
+    "The three-fit ULMFiT script, every learner with `CheckpointCB(autoresume=True)`; `kill`: (iteration, signal, fit)"
+    ckpt = lambda: [CheckpointCB(every_iters=job.every_iters, autoresume=True)] + ([KillAt(*kill)] if kill else [])
+    lm = ulmfit_lm_learner(job.df, job.profile, job.seed, job.path, num_workers=job.num_workers, cbs=ckpt())
+    fit_stages(lm, [Stage(0, 1, job.stages[0].lr)])
+    lm.save_encoder(ENCODER)
+    clas = ulmfit_classifier(job.df, lm.dls.vocab, job.profile, job.seed, job.path, num_workers=job.num_workers, cbs=ckpt())
+    fit_stages(clas, [Stage(-2, 1, job.stages[0].lr), Stage(0, 1, job.stages[0].lr/2)])
+    return clas
+
 def run_job(spec, # a job file (`Job.write`)
-            mode:str, # 'reference', 'cancel', 'kill' or 'resume' (see above)
+            mode:str, # 'reference', 'cancel', 'kill', 'preempt', 'resume' or 'script' (see above)
             checkpoint:str|None=None, # with 'resume': the checkpoint to resume (a name in `models/`)
+            kill:tuple|None=None, # with 'preempt', 'resume' and 'script': (training iteration, signal[, script fit])
+            record:str|None=None, # the record's file name
+            stop_epoch:int=STOP_EPOCH, # with 'cancel' and 'kill': the epoch after which the last fit stops
            ):
     "What one process of a job does"
     job = Job(**pd.read_pickle(spec))
+    hit = [CheckpointCB(every_iters=job.every_iters), KillAt(*kill)] if kill else []
+    if mode == 'script': return job.record(_script(job, kill), record or 'script.pt')
     if mode == 'resume':
         learn = job.learner(init_seed=job.seed + RESUME_SEED_OFFSET, disturb=True)
         learn.freeze_to(job.stages[-1].freeze_to)  # before `load`: freezing clears the optimizer state that `load` restores
         learn.lr_find(num_it=5, show_plot=False)  # a real fit with its own temporary checkpoint: it changes nothing
         learn.load(checkpoint)
-        fit_stage(learn, job.stages[-1], start_epoch=checkpoint_info(learn.path/learn.model_dir/f'{checkpoint}.pth')['start_epoch'])
-        return RunRecord.of(learn).save(job.path/f'resumed-{checkpoint}.pt')
+        start = checkpoint_info(learn.path/learn.model_dir/f'{checkpoint}.pth')['start_epoch']
+        fit_stage(learn, job.stages[-1], freeze=False, method=job.method, start_epoch=start, cbs=job.last_cbs(*hit))
+        return job.record(learn, record or f'resumed-{checkpoint}.pt')
     learn = job.learner()
-    if mode == 'reference': return RunRecord.of(job.train(learn)).save(job.path/'reference.pt')
-    if mode == 'cancel':
-        job.train(learn, cbs=StopAfter(STOP_EPOCH, 'cancel'))
-        return learn.save('cancel', with_opt=True)
-    if mode != 'kill': raise ValueError(f"Unknown job mode {mode!r}: 'reference', 'cancel', 'kill' or 'resume'.")
-    job.train(learn, cbs=[SaveModelCallback(every_epoch=True, with_opt=True, fname='kill'), StopAfter(STOP_EPOCH)])
-    raise RuntimeError(f"The job was not killed after epoch {STOP_EPOCH}: its last fit has {job.stages[-1].n_epoch} epoch(s).")
+    if mode == 'reference': return job.record(job.train(learn), record or 'reference.pt')
+    if mode == 'cancel': return job.train(learn, StopAfter(stop_epoch, 'cancel'))
+    if mode == 'kill': job.train(learn, SaveModelCallback(every_epoch=True, with_opt=True, fname='kill'), StopAfter(stop_epoch))
+    elif mode == 'preempt': job.train(learn, *hit)
+    else: raise ValueError(f"Unknown job mode {mode!r}: 'reference', 'cancel', 'kill', 'preempt', 'resume' or 'script'.")
+    raise RuntimeError(f"The {mode} job was not stopped: its last fit has {job.stages[-1].n_epoch} epoch(s).")
 
 def job_process(spec, # a job file
                 mode:str, # the `run_job` mode
-                *args, # more `run_job` arguments
                 timeout:float=JOB_TIMEOUT_S, # seconds before the process is killed
+                **kwargs, # more `run_job` arguments
                ) -> subprocess.CompletedProcess:
-    "Run `run_job(spec, mode, *args)` in a fresh Python process, this fastrepro first on its path"
+    "Run `run_job(spec, mode, **kwargs)` in a fresh Python process, this fastrepro first on its path"
     root = str(Path(fastrepro.__file__).resolve().parents[1])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get('PYTHONPATH', '')]))
-    code = f"from fastrepro.jobs import run_job; run_job({str(spec)!r}, {mode!r}, *{args!r})"
+    kwargs = json.loads(json.dumps(kwargs))  # plain values for the command line (a `signal.Signals` becomes its number)
+    code = f"from fastrepro.jobs import run_job; run_job({str(spec)!r}, {mode!r}, **{kwargs!r})"
     return subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True, timeout=timeout)
 
 def job_error(p:subprocess.CompletedProcess, n:int=1500) -> str:

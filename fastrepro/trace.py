@@ -239,9 +239,9 @@ def load_trace(path, # a file from `save_trace`, or a fastrepro checkpoint (`lea
 
 # %% ../nbs/09_trace.ipynb #b78fa6cb
 def state_digest(model) -> str:
-    "sha256 over every parameter and buffer of `model`: name, dtype, shape and raw bytes; equal digests, equal models"
+    "sha256 over every parameter and buffer of `model` (or a state dict): name, dtype, shape and raw bytes"
     h = hashlib.sha256()
-    for k, v in get_model(model).state_dict().items():
+    for k, v in (model if isinstance(model, dict) else get_model(model).state_dict()).items():
         t = v.detach().cpu().contiguous()
         h.update(f"{k}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())

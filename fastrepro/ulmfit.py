@@ -19,8 +19,8 @@ __all__ = ['PROFILES', 'TEXT_COL', 'LABEL_COL', 'VALID_COL', 'SPLIT_SEED', 'VALI
            'ENCODER', 'NUM_WORKERS', 'SHARED_SAMPLE', 'Stage', 'CLAS_RECIPE', 'Profile', 'get_profile', 'DataError',
            'imdb_sample_path', 'subsample', 'imdb_sample_df', 'lm_dls', 'clas_dls', 'lm_learner', 'clas_learner',
            'install_imdb_sample', 'check_text_data', 'read_text_csv', 'labelled_texts', 'pretrained_weights',
-           'lm_stages', 'clas_stages', 'fit_stage', 'stages_text', 'fit_stages', 'stray_draws', 'ulmfit_lm',
-           'ulmfit_classifier', 'train_classifier']
+           'lm_stages', 'clas_stages', 'fit_stage', 'stages_text', 'fit_stages', 'stray_draws', 'ulmfit_lm_learner',
+           'ulmfit_lm', 'ulmfit_classifier', 'train_classifier']
 
 # %% ../nbs/15_ulmfit.ipynb #2b42fb45
 @dataclass(frozen=True)
@@ -253,11 +253,13 @@ def clas_stages(profile:str|Profile, # the profile
 # %% ../nbs/15_ulmfit.ipynb #aaa2345c
 def fit_stage(learn:Learner, # the learner, its layer groups frozen as the stage says
               stage:Stage, # the fit
-              **kwargs, # passed to `fit_one_cycle`: `cbs`, `start_epoch`, ...
+              freeze:bool=True, # freeze as the stage says first (False for a resumed fit, frozen before its `load`)
+              method:str='fit_one_cycle', # the fit method: ULMFiT's `fit_one_cycle`, or e.g. `fit` (a constant rate)
+              **kwargs, # passed to the fit method: `cbs`, `start_epoch`, ...
              ):
-    "Freeze `learn` as `stage` says and run its `fit_one_cycle`, without progress bars or printed tables"
-    if not kwargs.get('start_epoch'): learn.freeze_to(stage.freeze_to)  # a resumed fit was frozen before `load`: freezing clears the optimizer state
-    with learn.no_bar(), learn.no_logging(): learn.fit_one_cycle(stage.n_epoch, stage.lr, **kwargs)
+    "Freeze `learn` as `stage` says and run its fit, without progress bars or printed tables"
+    if freeze: learn.freeze_to(stage.freeze_to)  # fastai's `freeze_to` clears the optimizer state: never after a `load`
+    with learn.no_bar(), learn.no_logging(): getattr(learn, method)(stage.n_epoch, stage.lr, **kwargs)
 
 def stages_text(stages:list) -> str:
     "`stages` in words: fits, epochs, layers trained"
@@ -267,15 +269,34 @@ def stages_text(stages:list) -> str:
 
 def fit_stages(learn:Learner, # the learner
                stages:list, # its fits, in order
-               cbs=None, # callbacks for the last fit only (check 2's checkpoints and kill)
+               cbs=None, # callbacks for the last fit only (a check's checkpoints and kill)
+               method:str='fit_one_cycle', # the fit method of every stage
               ):
     "Run the fits `stages` on `learn`"
-    for i, s in enumerate(stages): fit_stage(learn, s, cbs=cbs if i == len(stages)-1 else None)
+    for i, s in enumerate(stages): fit_stage(learn, s, method=method, cbs=cbs if i == len(stages)-1 else None)
 
 # %% ../nbs/15_ulmfit.ipynb #7983d764
 def stray_draws(learn:Learner):
     "Draw from every global generator and from the training DataLoader, as a user looking at the data does"
     learn.dls.one_batch(); random.random(); np.random.rand(7); torch.rand(5)
+
+def ulmfit_lm_learner(df:pd.DataFrame, # texts (`text`) and split (`is_valid`)
+                      profile:str|Profile, # the run's size
+                      seed:int, # the run seed (`ReproCB`) and the seed of the weights' initialisation
+                      path, # the run's folder
+                      pretrained:bool=False, # start from WT103 weights (see `pretrained_weights`)
+                      disturb:bool=False, # `stray_draws` before training
+                      num_workers:int=NUM_WORKERS, # DataLoader worker processes
+                      cbs=None, # more callbacks for the learner
+                      init_seed:int|None=None, # seed of the weights' initialisation (default: `seed`)
+                     ) -> Learner:
+    "ULMFiT's first stage, built: the AWD-LSTM language model on `df`'s texts, with `ReproCB(seed)`"
+    p = get_profile(profile)
+    seed_everything(seed if init_seed is None else init_seed)  # before the DataLoaders and the model, as a user would
+    learn = lm_learner(lm_dls(df, p, num_workers=num_workers), p, pretrained=pretrained, path=path,
+                       cbs=[ReproCB(seed=seed, allow_dirty=True)] + list(L(cbs)))
+    if disturb: stray_draws(learn)
+    return learn
 
 def ulmfit_lm(df:pd.DataFrame, # texts (`text`) and split (`is_valid`)
               profile:str|Profile, # the run's size
@@ -283,13 +304,11 @@ def ulmfit_lm(df:pd.DataFrame, # texts (`text`) and split (`is_valid`)
               path, # the run's folder: the encoder goes to `path/models/enc.pth`
               pretrained:bool=False, # start from WT103 weights (see `pretrained_weights`)
               disturb:bool=False, # `stray_draws` before training
+              **kwargs, # passed to `ulmfit_lm_learner`: `num_workers`, `cbs`
              ) -> Learner:
     "ULMFiT's first stage: the AWD-LSTM language model trained on `df`'s texts (`lm_stages`), its encoder saved"
-    p = get_profile(profile)
-    seed_everything(seed)  # before the DataLoaders and the model, as a user would
-    learn = lm_learner(lm_dls(df, p, num_workers=NUM_WORKERS), p, pretrained=pretrained, path=path, cbs=ReproCB(seed=seed, allow_dirty=True))
-    if disturb: stray_draws(learn)
-    fit_stages(learn, lm_stages(p, pretrained))
+    learn = ulmfit_lm_learner(df, profile, seed, path, pretrained, disturb, **kwargs)
+    fit_stages(learn, lm_stages(profile, pretrained))
     learn.save_encoder(ENCODER)
     return learn
 
@@ -304,12 +323,14 @@ def ulmfit_classifier(df:pd.DataFrame, # texts, labels and split
                       cbs=None, # more callbacks for the learner
                       drop_mult:float|None=None, # the AWD-LSTM dropout multiplier (default: the profile's)
                       wd:float|None=None, # weight decay (default: fastai's)
+                      num_workers:int=NUM_WORKERS, # DataLoader worker processes
                      ) -> Learner:
     "ULMFiT's second stage, built: the AWD-LSTM classifier on `df`, starting from the language model's encoder"
     p = get_profile(profile)
     if drop_mult is not None: p = dataclasses.replace(p, drop_mult=drop_mult)
     seed_everything(seed if init_seed is None else init_seed)
-    learn = clas_learner(clas_dls(df, vocab, p, num_workers=NUM_WORKERS), p, path=path, wd=wd, cbs=[ReproCB(seed=seed, allow_dirty=True)] + list(L(cbs)))
+    learn = clas_learner(clas_dls(df, vocab, p, num_workers=num_workers), p, path=path, wd=wd,
+                         cbs=[ReproCB(seed=seed, allow_dirty=True)] + list(L(cbs)))
     learn.load_encoder(ENCODER)
     if disturb: stray_draws(learn)
     return learn

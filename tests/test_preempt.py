@@ -1,0 +1,143 @@
+"""Preemption-proof training, each stage a fresh process (`fastrepro.jobs`): a run killed inside an epoch (SIGKILL right
+after a periodic checkpoint of `CheckpointCB(every_iters=3)`, or SIGTERM, after which the callback writes a checkpoint and
+exits with status 143) and resumed in another process (another global seed, stray draws, `one_batch` and `lr_find` before
+the fit, `learn.load` and the `start_epoch` that `checkpoint_info` reports) ends bit-identical to the uninterrupted run:
+the sha256 of every parameter and buffer, every per-batch loss and parameter norm, the Recorder's values, and in fp16
+every loss-scale row (`same_run`). Also: 2 DataLoader workers, killed twice in one epoch, fastai's trackers, and a
+three-fit ULMFiT script killed inside its second fit and rerun with `autoresume=True`."""
+import signal
+import pytest, torch
+from fastrepro.jobs import Job, job_process, job_error, BEST
+from fastrepro.trace import RunRecord, same_run
+from fastrepro.checkpoint import checkpoint_info
+from fastrepro.ulmfit import Stage, imdb_sample_df, lm_dls, subsample
+
+N_EPOCH, LR, EVERY = 3, 1e-2, 3
+FP16_TEXTS, FP16_CHARS = 40, 300  # fp16 matrix products are slow on a CPU: a smaller corpus for those runs
+SIGTERM_STATUS = 128 + signal.SIGTERM
+
+
+@pytest.fixture(scope='module')
+def texts(fastai_home):
+    df = imdb_sample_df('test')
+    return df, lm_dls(df).vocab
+
+
+def run(spec, mode, status=0, **kwargs):
+    "Run one stage; check how it ended (0, SIGTERM's 143, or killed by SIGKILL)"
+    p = job_process(spec, mode, **kwargs)
+    assert p.returncode == status, job_error(p)
+    return p
+
+
+def stopped(status_of): return -signal.SIGKILL if status_of == signal.SIGKILL else SIGTERM_STATUS
+
+
+def record(job, name): return RunRecord.load(job.path/name)
+
+
+def check_same(job, ref, name):
+    ok, why = same_run(ref, record(job, name))
+    assert ok, f"{name}: {why}"
+
+
+def preempt_and_resume(job, ref, it, sig, name):
+    "Stop the job at training iteration `it` with `sig`, resume it in a fresh process, compare with `ref`"
+    spec = job.write()
+    run(spec, 'preempt', stopped(sig), kill=(it, sig))
+    info, n_iter = checkpoint_info(job.path/'models'/'checkpoint.pth'), len(ref.trace)//N_EPOCH
+    epoch, batch = divmod(it, n_iter) if it % n_iter else (it//n_iter - 1, n_iter)  # an epoch's last batch: before its validation
+    assert (info['start_epoch'], info['batch'], info['iteration']) == (epoch, batch, it), (info, it)
+    run(spec, 'resume', checkpoint='checkpoint', record=name)
+    check_same(job, ref, name)
+
+
+@pytest.fixture(scope='module')
+def lm_ref(texts, tmp_path_factory):
+    "The uninterrupted language model (its encoder also serves the classifier tests)"
+    job = Job('lm', texts[0], tmp_path_factory.mktemp('lm_ref'), stages=[Stage(0, N_EPOCH, LR)], every_iters=EVERY)
+    run(job.write(), 'reference')
+    return job, record(job, 'reference.pt')
+
+
+def test_lm_resumes_inside_an_epoch(lm_ref, tmp_path):
+    "The language model carries AWD-LSTM's hidden state from batch to batch: it travels in the checkpoint"
+    job, ref = lm_ref
+    n_iter = len(ref.trace)//N_EPOCH
+    job = Job('lm', job.df, tmp_path, stages=job.stages, every_iters=EVERY)
+    cases = [(1, signal.SIGTERM), (n_iter, signal.SIGTERM), (n_iter + n_iter//2, signal.SIGTERM),
+             (EVERY*((n_iter + n_iter//2)//EVERY), signal.SIGKILL)]  # first batch, epoch's last, middles of epoch 1
+    for it, sig in cases: preempt_and_resume(job, ref, it, sig, f'lm-{it}-{sig}.pt')
+
+
+def test_with_two_workers(lm_ref, tmp_path):
+    "Two DataLoader workers serve the same batches: the resumed run is the 0-worker reference"
+    ref_job, ref = lm_ref
+    job = Job('lm', ref_job.df, tmp_path, stages=ref_job.stages, every_iters=EVERY, num_workers=2)
+    preempt_and_resume(job, ref, len(ref.trace)//N_EPOCH + 2, signal.SIGTERM, 'workers.pt')
+
+
+def test_killed_twice_in_one_epoch(lm_ref, tmp_path):
+    ref_job, ref = lm_ref
+    n_iter = len(ref.trace)//N_EPOCH
+    job = Job('lm', ref_job.df, tmp_path, stages=ref_job.stages, every_iters=EVERY)
+    spec = job.write()
+    run(spec, 'preempt', stopped(signal.SIGTERM), kill=(n_iter + 1, signal.SIGTERM))
+    run(spec, 'resume', stopped(signal.SIGKILL), checkpoint='checkpoint', kill=(n_iter + EVERY, signal.SIGKILL))
+    assert checkpoint_info(job.path/'models'/'checkpoint.pth')['iteration'] == n_iter + EVERY
+    run(spec, 'resume', checkpoint='checkpoint', record='twice.pt')
+    check_same(job, ref, 'twice.pt')
+
+
+def test_classifier_resumes_inside_an_epoch(lm_ref, texts, tmp_path):
+    ref_job, _ = lm_ref
+    (tmp_path/'models').mkdir()
+    (tmp_path/'models'/'enc.pth').write_bytes((ref_job.path/'models'/'enc.pth').read_bytes())
+    job = Job('clas', texts[0], tmp_path, texts[1], stages=[Stage(0, N_EPOCH, LR)], every_iters=EVERY)
+    run(job.write(), 'reference')
+    ref = record(job, 'reference.pt')
+    n_iter = len(ref.trace)//N_EPOCH
+    for it, sig in ((n_iter//2, signal.SIGTERM), (EVERY*((2*n_iter - 1)//EVERY), signal.SIGKILL)):
+        preempt_and_resume(job, ref, it, sig, f'clas-{it}-{sig}.pt')
+
+
+def test_fp16_resumes_inside_an_epoch(texts, tmp_path):
+    "The GradScaler and the loss-scale history, as they stood at the batch"
+    job = Job('lm', subsample(texts[0], FP16_TEXTS, FP16_CHARS), tmp_path, fp16=True, stages=[Stage(0, N_EPOCH, LR)],
+              every_iters=EVERY)
+    run(job.write(), 'reference')
+    ref = record(job, 'reference.pt')
+    assert ref.loss_scale is not None and len(ref.loss_scale) == len(ref.trace)
+    preempt_and_resume(job, ref, len(ref.trace)//N_EPOCH + 1, signal.SIGTERM, 'fp16.pt')
+
+
+def test_trackers_take_the_same_decisions(texts, tmp_path):
+    """`SaveModelCallback(monitor='valid_loss')` and `ReduceLROnPlateau` (which lowers the rate after every epoch here):
+    stopped after epoch 1 and resumed at 2, and killed inside epoch 2, the best value, the saved best model, the final
+    weights and the final learning rates are the uninterrupted run's"""
+    job = Job('lm', texts[0], tmp_path, stages=[Stage(0, 4, LR)], every_iters=EVERY, trackers=True, method='fit')
+    spec = job.write()
+    run(spec, 'reference')
+    ref, ref_tr = record(job, 'reference.pt'), torch.load(job.path/'reference.pt-trackers.pt')
+    assert ref_tr['lrs'][-1] < LR  # ReduceLROnPlateau did lower the rate
+    run(spec, 'cancel', stop_epoch=1)
+    run(spec, 'resume', checkpoint='cancel', record='epoch.pt')
+    n_iter = len(ref.trace)//4
+    run(spec, 'preempt', stopped(signal.SIGKILL), kill=(EVERY*((2*n_iter + n_iter//2)//EVERY), signal.SIGKILL))
+    run(spec, 'resume', checkpoint='checkpoint', record='inside.pt')
+    for name in ('epoch.pt', 'inside.pt'):
+        check_same(job, ref, name)
+        assert torch.load(job.path/f'{name}-trackers.pt') == ref_tr, name
+
+
+def test_script_reruns_to_continue(texts, tmp_path):
+    "A three-fit ULMFiT script (LM, classifier frozen to -2, unfrozen) killed inside its second fit, then run again"
+    ref_job = Job('lm', texts[0], tmp_path/'ref', every_iters=EVERY)
+    run(ref_job.write(), 'script')
+    job = Job('lm', texts[0], tmp_path/'run', every_iters=EVERY)
+    spec = job.write()
+    run(spec, 'script', stopped(signal.SIGKILL), kill=(2*EVERY, signal.SIGKILL, 1))
+    p = run(spec, 'script')
+    assert 'fit 0 (1 epochs) was completed by an earlier run' in p.stdout and 'fit 1 continues' in p.stdout, p.stdout
+    ok, why = same_run(record(ref_job, 'script.pt'), record(job, 'script.pt'))
+    assert ok, why
