@@ -185,9 +185,10 @@ def repeat(train_fn, # called as `train_fn(seed)`, returns a dict of final metri
         raise error
     res = pd.DataFrame([rows[s] for s in seeds if s in rows])
     if lost:
-        by_reason = groupby(lost, lambda s: f"{type(lost[s]).__name__}: {lost[s]}")
-        why = '; '.join(f"{r} (seeds {ss})" for r, ss in by_reason.items())
+        why = ', '.join(f"{t} for seeds {ss}" for t, ss in groupby(lost, lambda s: type(lost[s]).__name__).items())
         again = ("Their failed records are in the ledger; run the same `repeat` call again to run only the seeds "
                  "without a completed record." if ledger is not None else "Run these seeds again.")
-        raise SweepError(' '.join(f"Seeds {sorted(lost)} were lost, their worker died ({why}). {again}".split()), res)
+        first = next(iter(lost.values()))
+        msg = f"Seeds {sorted(lost)} were lost: their worker died ({why}; the first said: {first}). {again}"
+        raise SweepError(' '.join(msg.split()), res)
     return res

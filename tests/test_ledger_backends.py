@@ -4,6 +4,8 @@ on a server, and the server's bad inputs: each a one-line error within a bounded
 import io, json, time, socket, sqlite3, contextlib, multiprocessing
 from pathlib import Path
 import numpy as np, pandas as pd, pytest
+from concurrent.futures import ThreadPoolExecutor
+import fastrepro.ledger as ledger_module
 from fastrepro.ledger import Ledger, LedgerError, SCHEMA_VERSION
 from fastrepro.cli import main
 import sweep_jobs
@@ -153,15 +155,18 @@ def test_schema_refusals(address):
 
 
 def _server_error(url:str, bound_s:float) -> str:
-    "The one-line `LedgerError` of opening `url`, checked to come within `bound_s`"
-    t = time.time()
-    with pytest.raises(LedgerError) as e: Ledger(url)
+    "The one-line `LedgerError` of opening `url`, checked to come within `bound_s` (a hang fails the test, bounded)"
+    ex = ThreadPoolExecutor(1)
+    try:
+        t, fut = time.time(), ex.submit(Ledger, url)
+        with pytest.raises(LedgerError) as e: fut.result(timeout=bound_s)
+    finally: ex.shutdown(wait=False)
     msg = str(e.value)
     assert time.time() - t < bound_s and '\n' not in msg and 'sekret' not in msg, msg
     return msg
 
 
-def test_server_bad_input(pg_server):
+def test_server_bad_input(pg_server, monkeypatch):
     "An unreachable server, wrong credentials, a missing database, a server that never answers: one line each, no hang"
     base = pg_server.rsplit('@', 1)[1]
     with socket.socket() as s:
@@ -172,8 +177,11 @@ def test_server_bad_input(pg_server):
     assert 'database "nowhere" does not exist' in _server_error(pg_server.rsplit('/', 1)[0] + '/nowhere', 5)
     with socket.socket() as silent:  # accepts connections (the kernel's backlog) and never says a word
         silent.bind(('127.0.0.1', 0)); silent.listen(8)
-        url = f'postgresql://fastrepro:sekret@127.0.0.1:{silent.getsockname()[1]}/x?connect_timeout=2'
-        assert 'timeout' in _server_error(url, 10)
+        url = f'postgresql://fastrepro:sekret@127.0.0.1:{silent.getsockname()[1]}/x'
+        monkeypatch.setattr(ledger_module, 'CONNECT_TIMEOUT_S', 1)  # the default bound, shortened for the test
+        assert 'timeout' in _server_error(url, 8)
+        monkeypatch.setattr(ledger_module, 'CONNECT_TIMEOUT_S', 60)  # a URL's own connect_timeout wins
+        assert 'timeout' in _server_error(url + '?connect_timeout=1', 8)
 
 
 def fastrepro(*args) -> tuple:
