@@ -1,5 +1,5 @@
 """Benchmark 5: the run ledger, on both backends: an SQLite file and a PostgreSQL server on 127.0.0.1 (a throwaway
-one, `fastrepro.ledger.local_postgres`, with the server's durable defaults). Absolute numbers (plain fastai has no ledger):
+one, `fastrepro.ledger.local_postgres`, with the server's durable defaults). Absolute numbers (fastai has no ledger):
 - one writer: `Ledger.add` of N run records like the ones ReproCB writes (environment, hyperparameters, metrics);
 - 4 concurrent writers: 4 processes adding N/4 records each to one ledger, started together;
 - one fit's bookkeeping: `add` (status 'running') then `update` (metrics, 'completed'), as ReproCB does per fit;
@@ -20,10 +20,11 @@ WRITERS = 4
 def _record(i:int, env:dict) -> dict:
     variant = 'baseline' if i % 2 == 0 else 'mixup'
     acc = 0.80 + 0.01 * ((i * 7919) % 100) / 100 + (0.005 if variant == 'mixup' else 0)
-    return dict(experiment='bench', variant=variant, seed=i, commit='0123456789abcdef0123456789abcdef01234567', dirty=False,
-                env_hash=env['env_hash'], env=env, metric_version='v1', data_fingerprint='feedfacecafebeef',
+    return dict(experiment='bench', variant=variant, seed=i, commit='0123456789abcdef0123456789abcdef01234567',
+                dirty=False, env_hash=env['env_hash'], env=env, metric_version='v1', data_fingerprint='feedfacecafe',
                 hyperparameters=dict(lr=1e-2, epochs=3, bs=16, arch='SequentialRNN', loss_func='CrossEntropyLossFlat'),
-                metrics={'final': {'accuracy': acc, 'valid_loss': 1 - acc}, 'best': {'accuracy': acc, 'valid_loss': 1 - acc}})
+                metrics={'final': {'accuracy': acc, 'valid_loss': 1 - acc},
+                         'best': {'accuracy': acc, 'valid_loss': 1 - acc}})
 
 
 def _writer(address, first:int, n:int, env:dict, barrier, q):
@@ -75,7 +76,8 @@ def _backend(name:str, new, n:int, env:dict, cfg:Config) -> list:
     for p in procs: p.start()
     spans = [q.get(timeout=600) for _ in procs]
     for p in procs: p.join()
-    if any(p.exitcode for p in procs): raise RuntimeError(f"a ledger writer failed: exit codes {[p.exitcode for p in procs]}")
+    if any(p.exitcode for p in procs):
+        raise RuntimeError(f"a ledger writer failed: exit codes {[p.exitcode for p in procs]}")
     el = max(b for a, b in spans) - min(a for a, b in spans)
     total = len(Ledger(many))
     rows.append(Row(bench, f'{WRITERS} concurrent writers, {per} Ledger.add each', 'inserts/s', per*WRITERS/el,

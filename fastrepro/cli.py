@@ -94,7 +94,7 @@ LEDGER_ARG = arg('--ledger', metavar='PATH|URL', help=f'the ledger: a file, or a
                  f'(default: ${LEDGER_ENV}, else ~/.fastrepro/ledger.db)')
 
 def open_ledger(address=None) -> Ledger:
-    "The existing ledger at `address` (default: `ledger_address()`); a `LedgerError` naming the cause when there is none"
+    "The existing ledger at `address` (default: `ledger_address()`); a one-line `LedgerError` when there is none"
     return Ledger(address, create=False)
 
 def _runs_table(runs:pd.DataFrame) -> pd.DataFrame:
@@ -113,8 +113,8 @@ def _jsonable(v):
     return v.item() if isinstance(v, np.generic) else v
 
 # %% ../nbs/14_cli.ipynb #16c7b7af
-@command('runs', LEDGER_ARG, arg('--experiment', help='only this experiment'), arg('--variant', help='only this variant'),
-         arg('--status', choices=STATUSES, help='only runs with this status'),
+@command('runs', LEDGER_ARG, arg('--experiment', help='only this experiment'),
+         arg('--variant', help='only this variant'), arg('--status', choices=STATUSES, help='only runs with this status'),
          arg('--json', action='store_true', help='print all fields as JSON'))
 def runs_command(args):
     "List the runs recorded in a ledger, oldest first"
@@ -123,10 +123,12 @@ def runs_command(args):
     filters = {k: getattr(args, k) for k in ('experiment', 'variant', 'status') if getattr(args, k) is not None}
     runs = ledger.runs(**filters)
     if args.json:
-        print(json.dumps([{k: _jsonable(v) for k,v in r.items()} for r in runs.reset_index().to_dict('records')], indent=1))
+        records = runs.reset_index().to_dict('records')
+        print(json.dumps([{k: _jsonable(v) for k,v in r.items()} for r in records], indent=1))
     elif not len(runs): print(f"No runs in {ledger.db.address} match {filters}.")
     else:
-        with pd.option_context('display.width', 200, 'display.max_columns', None): print(_runs_table(runs).reset_index().to_string(index=False))
+        with pd.option_context('display.width', 200, 'display.max_columns', None):
+            print(_runs_table(runs).reset_index().to_string(index=False))
 
 # %% ../nbs/14_cli.ipynb #dbd51dc3
 @command('compare', LEDGER_ARG, arg('--experiment', required=True, help='the experiment'),
