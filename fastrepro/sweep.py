@@ -10,12 +10,12 @@ import os, sys, time, uuid, pickle, socket, threading, traceback, contextlib, mu
 import numpy as np, pandas as pd
 from collections.abc import Mapping
 from functools import partial
-from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, wait, FIRST_COMPLETED
 from datetime import datetime, timezone
 from fastcore.basics import *
 
 # %% auto #0
-__all__ = ['RESUME_FIELDS', 'DASK_NO_DAEMON', 'pinned', 'WorkerError', 'SweepError', 'repeat']
+__all__ = ['RESUME_FIELDS', 'DASK_NO_DAEMON', 'POLL_S', 'pinned', 'WorkerError', 'SweepError', 'repeat']
 
 # %% ../nbs/13_sweep.ipynb #7ba37c04
 @contextlib.contextmanager
@@ -96,6 +96,14 @@ def _check_sendable(train_fn, executor:Executor):
         raise TypeError(f"train_fn cannot be sent to worker processes ({e}). Use a function defined at the top level "
                         "of a module (functools.partial of one is fine).") from None
 
+POLL_S = 1.  # how often job objects that are not `concurrent.futures.Future`s (submitit's) are asked if they are done
+
+def _finished(pending:set) -> list:
+    "Wait until one of `pending` is done; the done ones. Job objects that are not futures (submitit's) are polled"
+    if all(isinstance(f, Future) for f in pending): return list(wait(pending, return_when=FIRST_COMPLETED).done)
+    while not (done := [f for f in pending if f.done()]): time.sleep(POLL_S)
+    return done
+
 def _iter_runs(job, seeds:list, executor:Executor|None):
     "Yield (seed, submitted, `_run_seed` result or the exception that lost the seed); no new seed after an error"
     if executor is None:
@@ -108,16 +116,19 @@ def _iter_runs(job, seeds:list, executor:Executor|None):
             if run['error'] is not None: return
         return
     futs = {executor.submit(job, s): (s, _now()) for s in seeds}
+    pending = set(futs)
     try:
-        for f in as_completed(futs):
-            if f.cancelled(): continue
-            exc = f.exception()
-            if isinstance(exc, WorkerError): raise exc
-            if exc is None and f.result()['error'] is not None:
-                for o in futs: o.cancel()
-            yield *futs[f], (f.result() if exc is None else exc)
+        while pending:
+            for f in _finished(pending):
+                pending.discard(f)
+                exc = f.exception()
+                if isinstance(exc, WorkerError): raise exc
+                run = exc if exc is not None else f.result()
+                if exc is None and run['error'] is not None:  # stop: what can still be cancelled is
+                    pending -= {o for o in pending if o.cancel() is not False}
+                yield *futs[f], run
     finally:
-        for o in futs: o.cancel()  # after Ctrl-C or a refused worker: start nothing more
+        for o in pending: o.cancel()  # after Ctrl-C or a refused worker: start nothing more
 
 # %% ../nbs/13_sweep.ipynb #f620f0cf
 def _record(ledger, rec:dict, seed, submitted:datetime, run) -> int:

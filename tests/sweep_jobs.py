@@ -21,6 +21,12 @@ def write_runs(address, writer:int, n:int, start_at:float|None=None, barrier=Non
 def square(seed): return {'square': seed**2}
 
 
+def square_killed_once(marker:str, seed:int) -> dict:
+    "`square`, but the process running seed 1 is killed (SIGKILL) the first time"
+    if seed == 1 and not Path(marker).exists(): Path(marker).touch(); os.kill(os.getpid(), signal.SIGKILL)
+    return square(seed)
+
+
 @functools.cache
 def _data():
     "The IMDB sample of the profile and the language model's vocabulary (once per process)"
