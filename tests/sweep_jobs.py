@@ -1,5 +1,5 @@
 "What worker processes (multiprocessing, Dask) run in the tests: ledger writers, a seed of the tiny ULMFiT classifier"
-import os, time, signal, hashlib, functools
+import os, time, pickle, signal, hashlib, functools
 from pathlib import Path
 
 PROFILE = 'test'  # fastrepro.ulmfit's smallest profile: 120 short reviews, a 2-layer AWD-LSTM of 64 units
@@ -28,11 +28,17 @@ def square_killed_once(marker:str, seed:int) -> dict:
 
 
 @functools.cache
-def _data():
-    "The IMDB sample of the profile and the language model's vocabulary (once per process)"
-    from fastrepro.ulmfit import imdb_sample_df, lm_dls
+def _classifier_data() -> bytes:
+    "The classifier's DataLoaders on the IMDB sample with the language model's vocabulary, pickled: built once per "
+    "process (under seed 0, so the same in every process), and each seed trains on a fresh copy"
+    from fastrepro.rng import seed_everything
+    from fastrepro.ulmfit import imdb_sample_df, lm_dls, clas_dls
     df = imdb_sample_df(PROFILE)
-    return df, lm_dls(df, PROFILE).vocab
+    seed_everything(0)
+    vocab = lm_dls(df, PROFILE).vocab  # fastai tokenizes with a process pool: not in a daemonic process
+    # num_workers=0: ReproCB's DataLoader carries a torch.Generator, which a DataLoader worker started with spawn (as in
+    # Dask's workers) fails to unpickle (torch: "unable to resize file ..."); reported, to be fixed in fastrepro.data
+    return pickle.dumps(clas_dls(df, vocab, PROFILE, num_workers=0))
 
 
 def weights_digest(model) -> str:
@@ -49,17 +55,15 @@ def train_classifier(seed:int, out:str, kill_seed:int|None=None) -> dict:
     from fastai.text.all import Callback
     from fastrepro.callback import ReproCB
     from fastrepro.rng import seed_everything
-    from fastrepro.ulmfit import clas_dls, clas_learner
+    from fastrepro.ulmfit import clas_learner
     marker = Path(out)/'killed'
     class KillAt(Callback):
         def after_batch(self):
             if self.training and self.iter == KILL_AT_ITER: marker.touch(); os.kill(os.getpid(), signal.SIGKILL)
-    df, vocab = _data()
+    dls = pickle.loads(_classifier_data())
     seed_everything(seed)
     cbs = [ReproCB(seed=seed, allow_dirty=True)] + ([KillAt()] if seed == kill_seed and not marker.exists() else [])
-    # num_workers=0: ReproCB's DataLoader carries a torch.Generator, which a DataLoader worker started with spawn (as in
-    # Dask's workers) fails to unpickle (torch: "unable to resize file ..."); reported, to be fixed in fastrepro.data
-    learn = clas_learner(clas_dls(df, vocab, PROFILE, num_workers=0), PROFILE, cbs=cbs)
+    learn = clas_learner(dls, PROFILE, cbs=cbs)
     with learn.no_bar(), learn.no_logging(): learn.fit_one_cycle(EPOCHS, 1e-2)
     (Path(out)/f'{seed}.sha256').write_text(weights_digest(learn.model))
     return dict(zip(learn.recorder.metric_names[1:-1], learn.recorder.values[-1]))
