@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys, json, argparse, warnings
 import numpy as np, pandas as pd
 from fastcore.basics import *
-from .ledger import Ledger, LedgerError, ledger_path, metrics_frame, LEDGER_ENV, STATUSES
+from .ledger import Ledger, LedgerError, metrics_frame, LEDGER_ENV, STATUSES
 
 # %% auto #0
 __all__ = ['COMMANDS', 'EXIT_USAGE', 'EXIT_REGRESSION', 'LEDGER_ARG', 'COMPARE_NEEDS', 'CLIError', 'arg', 'command', 'parser',
@@ -90,15 +90,12 @@ def env_command(args):
     print(json.dumps(dict(env=env, git=git), indent=2) if args.json else _env_text(env, git))
 
 # %% ../nbs/14_cli.ipynb #aea8b329
-LEDGER_ARG = arg('--ledger', metavar='PATH', help=f'the ledger file (default: ${LEDGER_ENV}, else ~/.fastrepro/ledger.db)')
+LEDGER_ARG = arg('--ledger', metavar='PATH|URL', help=f'the ledger: a file, or a postgresql:// URL of a team ledger '
+                 f'(default: ${LEDGER_ENV}, else ~/.fastrepro/ledger.db)')
 
-def open_ledger(path=None) -> Ledger:
-    "The existing ledger at `path` (default: `ledger_path()`); a `CLIError` when there is none"
-    p = ledger_path(path)
-    if not p.exists():
-        raise CLIError(f"No ledger at {p}, so there are no runs to show. Pass --ledger PATH, or set {LEDGER_ENV}, "
-                       "to the ledger your runs were recorded in.")
-    return Ledger(p)
+def open_ledger(address=None) -> Ledger:
+    "The existing ledger at `address` (default: `ledger_address()`); a one-line `LedgerError` when there is none"
+    return Ledger(address, create=False)
 
 def _runs_table(runs:pd.DataFrame) -> pd.DataFrame:
     "The columns of `runs` worth reading in a terminal, final metrics spread out"
@@ -116,8 +113,8 @@ def _jsonable(v):
     return v.item() if isinstance(v, np.generic) else v
 
 # %% ../nbs/14_cli.ipynb #16c7b7af
-@command('runs', LEDGER_ARG, arg('--experiment', help='only this experiment'), arg('--variant', help='only this variant'),
-         arg('--status', choices=STATUSES, help='only runs with this status'),
+@command('runs', LEDGER_ARG, arg('--experiment', help='only this experiment'),
+         arg('--variant', help='only this variant'), arg('--status', choices=STATUSES, help='only runs with this status'),
          arg('--json', action='store_true', help='print all fields as JSON'))
 def runs_command(args):
     "List the runs recorded in a ledger, oldest first"
@@ -126,10 +123,12 @@ def runs_command(args):
     filters = {k: getattr(args, k) for k in ('experiment', 'variant', 'status') if getattr(args, k) is not None}
     runs = ledger.runs(**filters)
     if args.json:
-        print(json.dumps([{k: _jsonable(v) for k,v in r.items()} for r in runs.reset_index().to_dict('records')], indent=1))
-    elif not len(runs): print(f"No runs in {ledger.path} match {filters}.")
+        records = runs.reset_index().to_dict('records')
+        print(json.dumps([{k: _jsonable(v) for k,v in r.items()} for r in records], indent=1))
+    elif not len(runs): print(f"No runs in {ledger.db.address} match {filters}.")
     else:
-        with pd.option_context('display.width', 200, 'display.max_columns', None): print(_runs_table(runs).reset_index().to_string(index=False))
+        with pd.option_context('display.width', 200, 'display.max_columns', None):
+            print(_runs_table(runs).reset_index().to_string(index=False))
 
 # %% ../nbs/14_cli.ipynb #dbd51dc3
 COMPARE_NEEDS = ('experiment', 'baseline', 'variant', 'metric')  # what a comparison cannot do without

@@ -1,4 +1,4 @@
-"""Every run in one embedded SQLite database: what ran (commit, patch, environment, hyperparameters, data), what came out (final and best metrics), and how it ended; safe for concurrent writers, readable as a DataFrame, and the source of honest comparisons.
+"""Every run in one database: what ran (commit, patch, environment, hyperparameters, data), what came out (final and best metrics), and how it ended. An embedded SQLite file by default, a PostgreSQL server for a team; safe for concurrent writers, readable as a DataFrame, and the source of honest comparisons.
 
 Docs: https://fastrepro.github.io/fastrepro/ledger.html.md"""
 
@@ -6,7 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/ledger.html.md"""
 
 # %% ../nbs/11_ledger.ipynb #487eb8fd
 from __future__ import annotations
-import os, json, time, random, sqlite3, warnings, contextlib
+import os, re, json, time, random, socket, sqlite3, shutil, tempfile, warnings, subprocess, contextlib
 import numpy as np, pandas as pd
 from datetime import datetime, timezone, timedelta
 from pathlib import Path
@@ -14,58 +14,45 @@ from fastcore.basics import *
 from .stats import compare, CompareResult, ComparisonWarning
 
 # %% auto #0
-__all__ = ['LEDGER_ENV', 'DEFAULT_LEDGER', 'MIGRATIONS', 'SCHEMA_VERSION', 'FIELDS', 'JSON_FIELDS', 'TIME_FIELDS', 'STATUSES',
-           'BUSY_TIMEOUT_S', 'MAX_RETRIES', 'RETRY_WAIT_S', 'ledger_path', 'LedgerError', 'Ledger', 'metrics_frame',
-           'metric_column']
+__all__ = ['LEDGER_ENV', 'DEFAULT_LEDGER', 'SERVER_SCHEMES', 'SCHEMA_VERSION', 'SCHEMA', 'MIGRATIONS', 'FIELDS', 'JSON_FIELDS',
+           'VALUE_FIELDS', 'TIME_FIELDS', 'STATUSES', 'BUSY_TIMEOUT_S', 'CONNECT_TIMEOUT_S', 'MAX_RETRIES',
+           'RETRY_WAIT_S', 'SCHEMA_LOCK', 'PG_BIN_GLOB', 'PG_START_TIMEOUT_S', 'PG_PORT_TRIES', 'ledger_address',
+           'LedgerError', 'metrics_frame', 'metric_column', 'SQLiteDB', 'PostgresDB', 'Ledger', 'postgres_bin',
+           'local_postgres']
 
 # %% ../nbs/11_ledger.ipynb #3d281ab1
-LEDGER_ENV = 'FASTREPRO_LEDGER'  # environment variable naming the default ledger file
+LEDGER_ENV = 'FASTREPRO_LEDGER'  # environment variable naming the default ledger (a file path or a server URL)
 DEFAULT_LEDGER = '~/.fastrepro/ledger.db'
+SERVER_SCHEMES = ('postgresql://', 'postgres://')  # URL prefixes of a ledger on a PostgreSQL server
 
-def ledger_path(path=None) -> Path:
-    "The ledger file: `path`, else the `FASTREPRO_LEDGER` environment variable, else ~/.fastrepro/ledger.db"
-    return Path(path or os.environ.get(LEDGER_ENV) or DEFAULT_LEDGER).expanduser()
+def ledger_address(address=None) -> Path|str:
+    "The ledger: `address`, else the `FASTREPRO_LEDGER` environment variable, else ~/.fastrepro/ledger.db"
+    a = address or os.environ.get(LEDGER_ENV) or DEFAULT_LEDGER
+    return a if isinstance(a, str) and a.startswith(SERVER_SCHEMES) else Path(a).expanduser()
 
 # %% ../nbs/11_ledger.ipynb #0e821f92
-MIGRATIONS = [
-    # v1: runs with their code, environment hash, hyperparameters, metrics and times
-    ['''CREATE TABLE runs (id INTEGER PRIMARY KEY AUTOINCREMENT, experiment TEXT NOT NULL, variant TEXT, seed INTEGER,
-        "commit" TEXT, dirty INTEGER, env_hash TEXT, hyperparameters TEXT, metrics TEXT, status TEXT NOT NULL,
-        started TEXT, finished TEXT, duration REAL)'''],
-    # v2: what a rebuild needs (patch, full git and environment records), what makes numbers comparable
-    # (metric_version, data_fingerprint: no type, so 2 stays 2 and 'v2' stays 'v2'), tags, notes, and an index
-    ['ALTER TABLE runs ADD COLUMN patch TEXT', 'ALTER TABLE runs ADD COLUMN git TEXT', 'ALTER TABLE runs ADD COLUMN env TEXT',
-     'ALTER TABLE runs ADD COLUMN metric_version', 'ALTER TABLE runs ADD COLUMN data_fingerprint',
-     'ALTER TABLE runs ADD COLUMN tags TEXT', 'ALTER TABLE runs ADD COLUMN notes TEXT',
-     'CREATE INDEX runs_experiment_variant ON runs (experiment, variant)'],
+SCHEMA_VERSION = 1
+SCHEMA = [  # a ledger of version SCHEMA_VERSION; JSON fields and `metric_version`, `data_fingerprint` as JSON text
+    '''CREATE TABLE runs (id {id}, experiment TEXT NOT NULL, variant TEXT, seed BIGINT, "commit" TEXT,
+       dirty INTEGER, patch TEXT, git TEXT, env_hash TEXT, env TEXT, hyperparameters TEXT, tags TEXT, metrics TEXT,
+       metric_version TEXT, data_fingerprint TEXT, status TEXT NOT NULL, started TEXT, finished TEXT,
+       duration DOUBLE PRECISION, notes TEXT)''',
+    'CREATE INDEX runs_experiment_variant ON runs (experiment, variant)',
+    'CREATE TABLE ledger_schema (version INTEGER NOT NULL)',
 ]
-SCHEMA_VERSION = len(MIGRATIONS)
-FIELDS = ('experiment', 'variant', 'seed', 'commit', 'dirty', 'patch', 'git', 'env_hash', 'env', 'hyperparameters', 'tags',
-          'metrics', 'metric_version', 'data_fingerprint', 'status', 'started', 'finished', 'duration', 'notes')
-JSON_FIELDS = ('git', 'env', 'hyperparameters', 'tags', 'metrics')
+MIGRATIONS = {}  # version v -> the statements that bring a version-v ledger to version v+1 (none yet)
+FIELDS = ('experiment', 'variant', 'seed', 'commit', 'dirty', 'patch', 'git', 'env_hash', 'env', 'hyperparameters',
+          'tags', 'metrics', 'metric_version', 'data_fingerprint', 'status', 'started', 'finished', 'duration', 'notes')
+JSON_FIELDS = ('git', 'env', 'hyperparameters', 'tags', 'metrics')  # dicts; select on them in the DataFrame
+VALUE_FIELDS = ('metric_version', 'data_fingerprint')  # any JSON value, stored with its type and filterable
 TIME_FIELDS = ('started', 'finished')
 STATUSES = ('running', 'completed', 'failed', 'interrupted')
 
-# %% ../nbs/11_ledger.ipynb #1489c1c7
-BUSY_TIMEOUT_S = 30.  # how long SQLite waits for another writer's lock before reporting "database is locked"
-MAX_RETRIES = 10      # attempts of an operation that still finds the database locked
-RETRY_WAIT_S = 0.05   # base of the randomised, growing wait between attempts
-
-class LedgerError(ValueError):
-    "The ledger cannot do what was asked: unknown run, experiment or field, incomparable runs, unreadable file"
-
-def _locked(e:Exception) -> bool: return isinstance(e, sqlite3.OperationalError) and ('locked' in str(e) or 'busy' in str(e))
-
-def _retry(f):
-    "Call `f()`, retrying while the database is locked by other writers"
-    for attempt in range(MAX_RETRIES):
-        try: return f()
-        except sqlite3.OperationalError as e:
-            if not _locked(e) or attempt == MAX_RETRIES-1: raise
-            time.sleep(RETRY_WAIT_S * (attempt+1) * (1 + random.random()))
-
 # %% ../nbs/11_ledger.ipynb #2ccd76cd
-def _plain(o):
+class LedgerError(ValueError):
+    "The ledger cannot do what was asked: unknown run, experiment or field, incomparable runs, unreadable ledger"
+
+def _json_default(o):
     "JSON encoding of what `json` does not know: NumPy/torch scalars and arrays, paths, datetimes"
     if isinstance(o, datetime): return _utc(o)
     if isinstance(o, Path): return str(o)
@@ -74,114 +61,31 @@ def _plain(o):
     raise TypeError(f"{type(o).__name__} {o!r} cannot be stored as JSON in the ledger")
 
 def _utc(t) -> str|None:
-    "`t` (datetime, ISO string or Unix timestamp) as a UTC ISO 8601 string"
+    "`t` (datetime, ISO string or Unix timestamp) as a UTC ISO 8601 string with microseconds"
     if t is None: return None
     if isinstance(t, (int, float)): t = datetime.fromtimestamp(t, timezone.utc)
     if isinstance(t, str): t = datetime.fromisoformat(t)
     if isinstance(t, pd.Timestamp): t = t.to_pydatetime()
-    return t.astimezone(timezone.utc).isoformat()  # naive datetimes are taken as local time
+    return t.astimezone(timezone.utc).isoformat(timespec='microseconds')  # naive datetimes are taken as local time
 
 def _check_fields(names, where='record'):
     unknown = [k for k in names if k not in FIELDS]
-    if unknown: raise LedgerError(f"Unknown {where} field(s) {unknown}: the ledger stores {list(FIELDS)}. Put free-form "
-                                  "values into `tags`, `hyperparameters` or `notes`.")
+    if unknown: raise LedgerError(f"Unknown {where} field(s) {unknown}: the ledger stores {list(FIELDS)}. Put "
+                                  "free-form values into `tags`, `hyperparameters` or `notes`.")
 
 def _encode(k:str, v):
-    "Field `k`'s value as stored in SQLite"
+    "Field `k`'s value as stored"
     if v is None: return None
-    if k in JSON_FIELDS: return json.dumps(v, sort_keys=True, default=_plain)
+    if k in JSON_FIELDS or k in VALUE_FIELDS: return json.dumps(v, sort_keys=True, default=_json_default)
     if k in TIME_FIELDS: return _utc(v)
     if k == 'dirty': return int(bool(v))
     if k == 'status' and v not in STATUSES: raise LedgerError(f"status {v!r} is not one of {STATUSES}")
     return v.item() if hasattr(v, 'item') else v
 
-# %% ../nbs/11_ledger.ipynb #1d2cb463
-class Ledger:
-    "The run ledger: an SQLite database at `path` (default: `ledger_path()`), created on first use"
-    def __init__(self, path=None): # the ledger file; its directory is created
-        self.path = ledger_path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        _retry(self._migrate)
-
-    @contextlib.contextmanager
-    def _connect(self):
-        "A fresh connection in autocommit mode (transactions are explicit), closed on exit"
-        con = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-        try: yield con
-        except sqlite3.DatabaseError as e:
-            if _locked(e) or 'not a database' not in str(e): raise
-            raise LedgerError(f"{self.path} is not an SQLite database, so it is no fastrepro ledger. Point `Ledger` (or "
-                              f"{LEDGER_ENV}) at a ledger file or at a new path.") from None
-        finally: con.close()
-
-    def __repr__(self): return f"Ledger('{self.path}', {len(self)} runs)"
-    def __len__(self):
-        with self._connect() as con: return con.execute('SELECT count(*) FROM runs').fetchone()[0]
-
-# %% ../nbs/11_ledger.ipynb #d14d2d1d
-@patch
-def _migrate(self:Ledger):
-    "Switch to WAL and apply the missing `MIGRATIONS`"
-    with self._connect() as con:
-        if con.execute('PRAGMA journal_mode').fetchone()[0] != 'wal': con.execute('PRAGMA journal_mode=WAL')
-        if con.execute('PRAGMA user_version').fetchone()[0] == SCHEMA_VERSION: return
-        con.execute('BEGIN IMMEDIATE')
-        try:
-            version = con.execute('PRAGMA user_version').fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise LedgerError(f"{self.path} was written by a newer fastrepro (ledger schema v{version}; this one reads up "
-                                  f"to v{SCHEMA_VERSION}). Upgrade fastrepro to read it.")
-            if version == 0 and con.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()[0]:
-                raise LedgerError(f"{self.path} is an SQLite database but not a fastrepro ledger (it has tables and no "
-                                  "ledger schema version). Use another path for the ledger.")
-            for stmts in MIGRATIONS[version:]:
-                for s in stmts: con.execute(s)
-            con.execute(f'PRAGMA user_version = {SCHEMA_VERSION}')
-            con.execute('COMMIT')
-        except BaseException:
-            con.execute('ROLLBACK'); raise
-
-# %% ../nbs/11_ledger.ipynb #cacb9374
-@patch
-def _write(self:Ledger, sql:str, params=()) -> sqlite3.Cursor:
-    "Execute one writing statement in its own transaction, retrying while the database is locked"
-    def _do():
-        with self._connect() as con:
-            con.execute('BEGIN IMMEDIATE')
-            try: cur = con.execute(sql, params); con.execute('COMMIT'); return cur
-            except BaseException: con.execute('ROLLBACK'); raise
-    return _retry(_do)
-
-def _quote(c:str) -> str: return f'"{c}"'  # a column name, quoted: `commit` is an SQL keyword
-
-@patch
-def check_fields(self:Ledger, fields:dict):
-    "Raise `LedgerError` if `fields` holds a name that is not a ledger field"
-    _check_fields(fields)
-
-@patch
-def add(self:Ledger, record:dict, # the run's fields; `experiment` is required
-       ) -> int:
-    "Add a run; returns its id. `status` defaults to 'completed' and `started` to now"
-    _check_fields(record)
-    if not record.get('experiment'): raise LedgerError("A ledger record needs an `experiment`: runs are only comparable within one.")
-    rec = {'status': 'completed', 'started': datetime.now(timezone.utc), **record}
-    cols = list(rec)
-    sql = f"INSERT INTO runs ({', '.join(map(_quote, cols))}) VALUES ({', '.join('?'*len(cols))})"
-    return self._write(sql, [_encode(c, rec[c]) for c in cols]).lastrowid
-
-@patch
-def update(self:Ledger, run_id:int, # the id `add` returned
-           **fields): # the fields to set, e.g. status='completed', finished=..., metrics=...
-    "Set `fields` of run `run_id` (e.g. complete a 'running' record)"
-    _check_fields(fields)
-    if not fields: return
-    sets = ', '.join(f'{_quote(k)} = ?' for k in fields)
-    cur = self._write(f'UPDATE runs SET {sets} WHERE id = ?', [_encode(k, v) for k,v in fields.items()] + [int(run_id)])
-    if cur.rowcount == 0: raise LedgerError(f"There is no run {run_id} in ledger {self.path}.")
-
 # %% ../nbs/11_ledger.ipynb #12d2c949
 _FILTERABLE = ('id',) + tuple(f for f in FIELDS if f not in JSON_FIELDS)
+
+def _quote(c:str) -> str: return f'"{c}"'  # a column name, quoted: `commit` is an SQL keyword
 
 def _where(filters:dict) -> tuple:
     "SQL WHERE clause and parameters for equality `filters`"
@@ -196,23 +100,16 @@ def _where(filters:dict) -> tuple:
         params += [_encode(k, o) for o in vs]
     return (' WHERE ' + ' AND '.join(conds) if conds else ''), params
 
-def _frame(cur:sqlite3.Cursor) -> pd.DataFrame:
-    "Decode the rows of a `runs` query; values stay as stored (1 stays 1, 'v1' stays 'v1') until decoded here"
-    cols, rows = [d[0] for d in cur.description], cur.fetchall()
+def _frame(cols:list, rows:list) -> pd.DataFrame:
+    "Decode the rows of a `runs` query; values stay as stored until decoded here"
     df = pd.DataFrame({c: pd.Series([r[i] for r in rows], dtype=object) for i,c in enumerate(cols)}).set_index('id')
     df.index = df.index.astype(int)
     df['duration'] = df['duration'].astype(float)
-    for c in JSON_FIELDS: df[c] = df[c].map(lambda s: None if s is None else json.loads(s))
+    for c in JSON_FIELDS + VALUE_FIELDS: df[c] = df[c].map(lambda s: None if s is None else json.loads(s))
     for c in TIME_FIELDS: df[c] = pd.to_datetime(df[c], utc=True, format='ISO8601')
     df['dirty'] = df['dirty'].astype('boolean')
     df['seed'] = df['seed'].astype('Int64')
     return df[list(FIELDS)]
-
-@patch
-def runs(self:Ledger, **filters) -> pd.DataFrame:
-    "The runs matching `filters` (e.g. experiment='imdb', status='completed'), oldest first"
-    where, params = _where(filters)
-    with self._connect() as con: return _frame(con.execute(f'SELECT * FROM runs{where} ORDER BY id', params))
 
 # %% ../nbs/11_ledger.ipynb #3efb625f
 def metrics_frame(runs:pd.DataFrame, # a `Ledger.runs` result
@@ -231,38 +128,11 @@ def metric_column(runs:pd.DataFrame, # a `Ledger.runs` result
         raise LedgerError(f"No run records a {which} metric {name!r}; recorded {which} metrics: {list(mf.columns)}.")
     return mf[name] if name in mf else pd.Series(np.nan, index=runs.index, name=name)
 
-# %% ../nbs/11_ledger.ipynb #f442b936
-@patch
-def experiments(self:Ledger) -> pd.DataFrame:
-    "Runs per experiment and variant: how many, how many completed, first and last start"
-    with self._connect() as con:
-        df = pd.read_sql_query("""SELECT experiment, variant, count(*) AS runs, sum(status = 'completed') AS completed,
-                                  min(started) AS first, max(started) AS last FROM runs GROUP BY experiment, variant
-                                  ORDER BY experiment, variant""", con)
-    for c in ('first', 'last'): df[c] = pd.to_datetime(df[c], utc=True, format='ISO8601')
-    return df
-
-def _inventory(exps:pd.DataFrame) -> str:
-    "What a ledger holds, in a sentence"
-    if not len(exps): return "The ledger is empty."
-    per = [f"{e!r}: " + ', '.join(f"{v} ({n} runs)" for v,n in zip(g.variant, g.runs)) for e,g in exps.groupby('experiment')]
-    return "It holds: " + '; '.join(per) + '.'
-
-@patch
-def check_known(self:Ledger, experiment:str|None=None, variant:str|None=None):
-    "Raise `LedgerError`, listing what the ledger holds, when it has no run of `experiment` (and `variant`)"
-    exps = self.experiments()
-    if experiment is not None and experiment not in set(exps.experiment):
-        raise LedgerError(f"No experiment {experiment!r} in ledger {self.path}. {_inventory(exps)}")
-    scope = exps if experiment is None else exps[exps.experiment == experiment]
-    if variant is not None and variant not in set(scope.variant):
-        raise LedgerError(f"No variant {variant!r}{'' if experiment is None else f' of experiment {experiment!r}'} in ledger "
-                          f"{self.path}. {_inventory(scope)}")
-
 # %% ../nbs/11_ledger.ipynb #d74a9cd9
 def _label(sel:dict) -> str:
     "A display name for a selection of runs"
-    if set(sel) <= {'experiment', 'variant'}: return '/'.join(str(sel[k]) for k in ('experiment', 'variant') if k in sel)
+    if set(sel) <= {'experiment', 'variant'}:
+        return '/'.join(str(sel[k]) for k in ('experiment', 'variant') if k in sel)
     return ', '.join(f'{k}={v}' for k,v in sel.items())
 
 def _distinct(s:pd.Series) -> set: return {None if pd.isna(v) else v for v in s}
@@ -271,8 +141,8 @@ def _same(field:str, b:pd.DataFrame, e:pd.DataFrame, names:tuple, why:str):
     "Refuse runs whose `field` differs within or across the two sides"
     vb, ve = _distinct(b[field]), _distinct(e[field])
     if len(vb | ve) > 1:
-        raise LedgerError(f"Cannot compare: the {names[0]} runs have {field} {sorted(vb, key=str)} and the {names[1]} runs "
-                          f"{sorted(ve, key=str)}. {why}")
+        raise LedgerError(f"Cannot compare: the {names[0]} runs have {field} {sorted(vb, key=str)} and the {names[1]} "
+                          f"runs {sorted(ve, key=str)}. {why}")
 
 # %% ../nbs/11_ledger.ipynb #cee812ac
 def _age(age) -> pd.Timedelta:
@@ -287,57 +157,311 @@ def _check_env(b:pd.DataFrame, e:pd.DataFrame, names:tuple):
     eb, ee = first(b.env, lambda o: o is not None) or {}, first(e.env, lambda o: o is not None) or {}
     diff = env_diff(eb, ee)
     what = ', '.join(f"{k}: {va!r} vs {vb!r}" for k,(va,vb) in diff.items()) or 'environments not recorded'
-    warnings.warn(f"The {names[0]} and {names[1]} runs ran in different environments ({what}). Differences may come from "
-                  f"the environment, not the change: re-run the {names[0]} in the {names[1]}'s environment.", ComparisonWarning, stacklevel=3)
+    warnings.warn(f"The {names[0]} and {names[1]} runs ran in different environments ({what}). Differences may come "
+                  f"from the environment, not the change: re-run the {names[0]} in the {names[1]}'s environment.",
+                  ComparisonWarning, stacklevel=3)
 
 def _check_age(b:pd.DataFrame, e:pd.DataFrame, max_age, names:tuple):
     "Warn when the oldest baseline run started more than `max_age` before the newest experiment run"
     if max_age is None: return
     gap = e.started.max() - b.started.min()
     if gap > _age(max_age):
-        warnings.warn(f"The {names[0]} runs started up to {gap.round('1s')} before the {names[1]} runs (more than max_baseline_age="
-                      f"{_age(max_age)}): machines, drivers and packages drift. Re-run the {names[0]}.", ComparisonWarning, stacklevel=3)
+        warnings.warn(f"The {names[0]} runs started up to {gap.round('1s')} before the {names[1]} runs (more than "
+                      f"max_baseline_age={_age(max_age)}): machines, drivers and packages drift. Re-run the "
+                      f"{names[0]}.",
+                      ComparisonWarning, stacklevel=3)
 
 def _check_seeds(runs:pd.DataFrame, name:str):
     seeds = runs.seed.dropna()
     if seeds.duplicated().any():
-        warnings.warn(f"The {name} runs repeat seeds {sorted({int(s) for s in seeds[seeds.duplicated()]})}: runs with the same seed are "
-                      "copies, not independent samples. Use distinct seeds.", ComparisonWarning, stacklevel=3)
+        warnings.warn(f"The {name} runs repeat seeds {sorted({int(s) for s in seeds[seeds.duplicated()]})}: runs with "
+                      "the same seed are copies, not independent samples. Use distinct seeds.", ComparisonWarning,
+                      stacklevel=3)
 
-# %% ../nbs/11_ledger.ipynb #5e97ac95
-@patch
-def _side(self:Ledger, sel:dict, metric:str, which:str, name:str) -> tuple:
-    "The completed runs selected by `sel` and their `metric` values"
-    sel = {'status': 'completed', **sel}
-    self.check_known(sel.get('experiment'), sel.get('variant'))
-    runs = self.runs(**sel)
-    if not len(runs):
-        raise LedgerError(f"No runs of the {name} ({_label(sel)}) in ledger {self.path}: "
-                          f"their statuses are {sorted(set(self.runs(**{k:v for k,v in sel.items() if k != 'status'}).status))}.")
-    vals = metric_column(runs, metric, which)
-    if vals.isna().any():
-        warnings.warn(f"{vals.isna().sum()} {name} run(s) ({list(vals.index[vals.isna()])}) lack the {which} metric {metric!r} "
-                      "and are left out.", ComparisonWarning, stacklevel=3)
-    keep = vals.notna()
-    return runs[keep], vals[keep]
+# %% ../nbs/11_ledger.ipynb #1489c1c7
+BUSY_TIMEOUT_S = 30.  # how long a writer waits for another writer's lock before the database reports it locked
+CONNECT_TIMEOUT_S = 10  # how long to wait for a ledger server to answer (a URL's own `connect_timeout` wins)
+MAX_RETRIES = 10      # attempts of an operation that still finds the database locked
+RETRY_WAIT_S = 0.05   # base of the randomised, growing wait between attempts
+SCHEMA_LOCK = 0x66727072  # PostgreSQL advisory lock key held while a ledger is created or migrated ('frpr')
 
-@patch
-def compare(self:Ledger, metric:str, # the metric to compare, e.g. 'accuracy'
-            baseline:dict, # selects the baseline runs, e.g. dict(experiment='imdb', variant='baseline')
-            experiment:dict, # selects the experiment runs, e.g. dict(experiment='imdb', variant='mixup')
-            higher_is_better:bool=True, # the metric's direction
-            max_baseline_age=None, # warn when the baseline started longer than this before the experiment (timedelta, '30 days' or seconds)
-            which:str='final', # 'final' or 'best' metrics
-            **kwargs, # passed to `compare`: alpha, equal_var, alternative
-           ) -> CompareResult:
-    "Compare `metric` between the completed runs selected by `baseline` and `experiment`, refusing incomparable runs"
-    names = (_label(baseline), _label(experiment))
-    (b, vb), (e, ve) = self._side(baseline, metric, which, 'baseline'), self._side(experiment, metric, which, 'experiment')
-    _same('metric_version', b, e, names, "Numbers measured with different metric versions are not comparable: re-run "
-          "the baseline under the experiment's metric version.")
-    _same('data_fingerprint', b, e, names, "Numbers measured on different data are not comparable: re-run the baseline "
-          "on the experiment's data.")
-    _check_env(b, e, names)
-    _check_age(b, e, max_baseline_age, names)
-    for runs, name in zip((b, e), names): _check_seeds(runs, name)
-    return compare(vb.values, ve.values, higher_is_better, metric=metric, names=names, **kwargs)
+def _one_line(e:Exception) -> str: return ' '.join(str(e).split())
+def _hide_password(url:str) -> str: return re.sub(r'(://[^:/@]*):[^@/]*@', r'\1:***@', url)
+
+class SQLiteDB:
+    "An embedded ledger: one SQLite file, in WAL mode (readers never block the writer), on a local disk"
+    key = 'INTEGER PRIMARY KEY AUTOINCREMENT'  # the `{id}` column of `SCHEMA`: ids are never reused
+    def __init__(self, path:Path): self.path, self.address = path, str(path)
+    def exists(self) -> bool: return self.path.exists()
+    def connect(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        con = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        if con.execute('PRAGMA journal_mode').fetchone()[0] != 'wal': con.execute('PRAGMA journal_mode=WAL')
+        return con
+    def sql(self, s:str) -> str: return s  # the queries are written with SQLite's `?` placeholders
+    def begin(self, con, lock:bool=False): con.execute('BEGIN IMMEDIATE')  # the write lock is the ledger's lock
+    def tables(self, con) -> set:
+        return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    def retryable(self, e:Exception) -> bool:
+        return isinstance(e, sqlite3.OperationalError) and ('locked' in str(e) or 'busy' in str(e))
+    def failure(self, e:Exception) -> LedgerError|None:
+        "The one-line error to raise instead of `e`, if any"
+        if isinstance(e, sqlite3.DatabaseError) and 'not a database' in str(e):
+            return LedgerError(f"{self.path} is not an SQLite database, so it is no fastrepro ledger. Point `Ledger` "
+                               f"(or {LEDGER_ENV}) at a ledger file or at a new path.")
+
+class PostgresDB:
+    "A ledger on a PostgreSQL server (`pip install 'fastrepro[team]'`): for runs from several machines"
+    key = 'BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY'
+    def __init__(self, url:str): self.url, self.address = url, _hide_password(url)
+    def exists(self) -> bool: return True  # a database that does not exist is the server's error
+    def connect(self):
+        try: import psycopg
+        except ImportError: raise LedgerError(f"The ledger {self.address} is on a PostgreSQL server, which needs the "
+                                              "psycopg driver: pip install 'fastrepro[team]'.") from None
+        params = dict(connect_timeout=CONNECT_TIMEOUT_S, options=f'-c lock_timeout={round(BUSY_TIMEOUT_S*1000)}')
+        return psycopg.connect(**{**params, **psycopg.conninfo.conninfo_to_dict(self.url)}, autocommit=True)
+    def sql(self, s:str) -> str: return s.replace('?', '%s')
+    def begin(self, con, lock:bool=False):
+        con.execute('BEGIN')
+        if lock: con.execute('SELECT pg_advisory_xact_lock(%s)', [SCHEMA_LOCK])
+    def tables(self, con) -> set:
+        return {r[0] for r in con.execute('SELECT table_name FROM information_schema.tables '
+                                          'WHERE table_schema = current_schema()')}
+    def retryable(self, e:Exception) -> bool: return type(e).__name__ in ('SerializationFailure', 'DeadlockDetected')
+    def failure(self, e:Exception) -> LedgerError|None:
+        "The one-line error to raise instead of `e`, if any: whatever the server or the connection to it says"
+        import psycopg
+        if isinstance(e, psycopg.Error) and not self.retryable(e):
+            return LedgerError(f"The ledger server {self.address} failed: {_one_line(e)}")
+
+# %% ../nbs/11_ledger.ipynb #1d2cb463
+class Ledger:
+    "The run ledger: an SQLite file or a PostgreSQL database (default: `ledger_address()`), created on first use"
+    def __init__(self, address=None, # a file path, or a postgresql://user:password@host:port/db URL
+                 create:bool=True, # create the ledger where there is none (False: a `LedgerError`)
+                ):
+        a = ledger_address(address)
+        self.db = PostgresDB(a) if isinstance(a, str) else SQLiteDB(a)
+        self._open(create)
+
+    def __repr__(self): return f"Ledger('{self.db.address}', {len(self)} runs)"
+    def __len__(self):
+        with self._connect() as con: return self._execute(con, 'SELECT count(*) FROM runs').fetchone()[0]
+
+    @contextlib.contextmanager
+    def _connect(self):
+        "A fresh connection, closed on exit; the database's errors that a user must act on become `LedgerError`s"
+        try:
+            con = self.db.connect()
+            try: yield con
+            finally: con.close()
+        except Exception as e:
+            err = self.db.failure(e)
+            if err is None: raise
+            raise err from None
+
+    @contextlib.contextmanager
+    def _transaction(self, lock:bool=False):
+        "A connection in one transaction, committed at the end or rolled back on error; `lock`: the ledger's lock"
+        with self._connect() as con:
+            self.db.begin(con, lock)
+            try: yield con
+            except BaseException: con.execute('ROLLBACK'); raise
+            con.execute('COMMIT')
+
+    def _execute(self, con, sql:str, params=()): return con.execute(self.db.sql(sql), params)
+
+    def _retry(self, f):
+        "Call `f()`, retrying while the database is locked by other writers"
+        for attempt in range(MAX_RETRIES):
+            try: return f()
+            except Exception as e:
+                if not self.db.retryable(e) or attempt == MAX_RETRIES-1: raise
+                time.sleep(RETRY_WAIT_S * (attempt+1) * (1 + random.random()))
+
+    def _write(self, sql:str, params=()) -> tuple:
+        "Run one writing statement in its own transaction: (rows changed, rows returned)"
+        def _do():
+            with self._transaction() as con:
+                cur = self._execute(con, sql, params)
+                return cur.rowcount, (cur.fetchall() if cur.description else [])
+        return self._retry(_do)
+
+    def _version(self, con) -> int|None:
+        "The schema version of the ledger, None where there is no ledger"
+        if 'ledger_schema' not in self.db.tables(con): return None
+        return self._execute(con, 'SELECT version FROM ledger_schema').fetchone()[0]
+
+    def _open(self, create:bool):
+        "Check the schema version; create the ledger, or bring it up to `SCHEMA_VERSION`, where needed"
+        missing = LedgerError(f"No ledger at {self.db.address}. Give the address your runs were recorded in: a file "
+                              f"path or a postgresql:// URL (the command line's --ledger, or {LEDGER_ENV}).")
+        if not (create or self.db.exists()): raise missing
+        with self._connect() as con:
+            if self._version(con) == SCHEMA_VERSION: return
+        def _do():
+            with self._transaction(lock=True) as con:
+                version = self._version(con)
+                if version is None and not create: raise missing
+                if version is None and self.db.tables(con):
+                    raise LedgerError(f"{self.db.address} holds tables but no fastrepro ledger (no schema version). "
+                                      "Give the ledger a file or a database of its own.")
+                if version is not None and version > SCHEMA_VERSION:
+                    raise LedgerError(f"{self.db.address} holds a ledger of schema version {version}, written by a "
+                                      f"newer fastrepro (this one reads up to version {SCHEMA_VERSION}). Upgrade "
+                                      "fastrepro to read it.")
+                if version is None:
+                    for s in SCHEMA: self._execute(con, s.format(id=self.db.key))
+                    self._execute(con, 'INSERT INTO ledger_schema (version) VALUES (?)', [SCHEMA_VERSION])
+                    return
+                for v in range(version, SCHEMA_VERSION):
+                    for s in MIGRATIONS[v]: self._execute(con, s)
+                self._execute(con, 'UPDATE ledger_schema SET version = ?', [SCHEMA_VERSION])
+        self._retry(_do)
+
+    def check_fields(self, fields:dict):
+        "Raise `LedgerError` if `fields` holds a name that is not a ledger field"
+        _check_fields(fields)
+
+    def add(self, record:dict, # the run's fields; `experiment` is required
+           ) -> int:
+        "Add a run; returns its id. `status` defaults to 'completed' and `started` to now"
+        _check_fields(record)
+        if not record.get('experiment'):
+            raise LedgerError("A ledger record needs an `experiment`: runs are only comparable within one.")
+        rec = {'status': 'completed', 'started': datetime.now(timezone.utc), **record}
+        cols = list(rec)
+        sql = f"INSERT INTO runs ({', '.join(map(_quote, cols))}) VALUES ({', '.join('?'*len(cols))}) RETURNING id"
+        return self._write(sql, [_encode(c, rec[c]) for c in cols])[1][0][0]
+
+    def update(self, run_id:int, # the id `add` returned
+               **fields): # the fields to set, e.g. status='completed', finished=..., metrics=...
+        "Set `fields` of run `run_id` (e.g. complete a 'running' record)"
+        _check_fields(fields)
+        if not fields: return
+        sets = ', '.join(f'{_quote(k)} = ?' for k in fields)
+        params = [_encode(k, v) for k,v in fields.items()] + [int(run_id)]
+        changed, _ = self._write(f'UPDATE runs SET {sets} WHERE id = ?', params)
+        if changed == 0: raise LedgerError(f"There is no run {run_id} in ledger {self.db.address}.")
+
+    def runs(self, **filters) -> pd.DataFrame:
+        "The runs matching `filters` (e.g. experiment='imdb', status='completed'), oldest first"
+        where, params = _where(filters)
+        with self._connect() as con:
+            cur = self._execute(con, f'SELECT * FROM runs{where} ORDER BY id', params)
+            return _frame([d[0] for d in cur.description], cur.fetchall())
+
+    def experiments(self) -> pd.DataFrame:
+        "Runs per experiment and variant: how many, how many completed, first and last start"
+        cols = ['experiment', 'variant', 'runs', 'completed', 'first', 'last']
+        with self._connect() as con:
+            rows = self._execute(con, """SELECT experiment, variant, count(*),
+                                         sum(CASE WHEN status = 'completed' THEN 1 ELSE 0 END), min(started),
+                                         max(started) FROM runs GROUP BY experiment, variant""")
+            df = pd.DataFrame(rows.fetchall(), columns=cols)
+        for c in ('first', 'last'): df[c] = pd.to_datetime(df[c], utc=True, format='ISO8601')
+        # sorted here, not in SQL: a server sorts text by its locale, SQLite by code point
+        return df.sort_values(['experiment', 'variant'], na_position='first', ignore_index=True)
+
+    def check_known(self, experiment:str|None=None, variant:str|None=None):
+        "Raise `LedgerError`, listing what the ledger holds, when it has no run of `experiment` (and `variant`)"
+        exps = self.experiments()
+        if experiment is not None and experiment not in set(exps.experiment):
+            raise LedgerError(f"No experiment {experiment!r} in ledger {self.db.address}. {_inventory(exps)}")
+        scope = exps if experiment is None else exps[exps.experiment == experiment]
+        if variant is not None and variant not in set(scope.variant):
+            raise LedgerError(f"No variant {variant!r}{'' if experiment is None else f' of experiment {experiment!r}'} "
+                              f"in ledger {self.db.address}. {_inventory(scope)}")
+
+    def _side(self, sel:dict, metric:str, which:str, name:str) -> tuple:
+        "The completed runs selected by `sel` and their `metric` values"
+        sel = {'status': 'completed', **sel}
+        self.check_known(sel.get('experiment'), sel.get('variant'))
+        runs = self.runs(**sel)
+        if not len(runs):
+            statuses = sorted(set(self.runs(**{k:v for k,v in sel.items() if k != 'status'}).status))
+            raise LedgerError(f"No runs of the {name} ({_label(sel)}) in ledger {self.db.address}: their statuses "
+                              f"are {statuses}.")
+        vals = metric_column(runs, metric, which)
+        if vals.isna().any():
+            warnings.warn(f"{vals.isna().sum()} {name} run(s) ({list(vals.index[vals.isna()])}) lack the {which} "
+                          f"metric {metric!r} and are left out.", ComparisonWarning, stacklevel=3)
+        keep = vals.notna()
+        return runs[keep], vals[keep]
+
+    def compare(self, metric:str, # the metric to compare, e.g. 'accuracy'
+                baseline:dict, # selects the baseline runs, e.g. dict(experiment='imdb', variant='baseline')
+                experiment:dict, # selects the experiment runs, e.g. dict(experiment='imdb', variant='mixup')
+                higher_is_better:bool=True, # the metric's direction
+                max_baseline_age=None, # warn when the baseline started longer than this before the experiment
+                which:str='final', # 'final' or 'best' metrics
+                **kwargs, # passed to `compare`: alpha, equal_var, alternative
+               ) -> CompareResult:
+        "Compare `metric` over the completed runs selected by `baseline` and `experiment`, refusing incomparable runs"
+        names = (_label(baseline), _label(experiment))
+        (b, vb), (e, ve) = (self._side(sel, metric, which, name) for sel, name in
+                            ((baseline, 'baseline'), (experiment, 'experiment')))
+        _same('metric_version', b, e, names, "Numbers measured with different metric versions are not comparable: "
+              "re-run the baseline under the experiment's metric version.")
+        _same('data_fingerprint', b, e, names, "Numbers measured on different data are not comparable: re-run the "
+              "baseline on the experiment's data.")
+        _check_env(b, e, names)
+        _check_age(b, e, max_baseline_age, names)
+        for runs, name in zip((b, e), names): _check_seeds(runs, name)
+        return compare(vb.values, ve.values, higher_is_better, metric=metric, names=names, **kwargs)
+
+def _inventory(exps:pd.DataFrame) -> str:
+    "What a ledger holds, in a sentence"
+    if not len(exps): return "The ledger is empty."
+    per = [f"{e!r}: " + ', '.join(f"{v} ({n} runs)" for v,n in zip(g.variant, g.runs))
+           for e,g in exps.groupby('experiment')]
+    return "It holds: " + '; '.join(per) + '.'
+
+# %% ../nbs/11_ledger.ipynb #6a2f9c07
+PG_BIN_GLOB = 'usr/lib/postgresql/*/bin'  # where Debian and Ubuntu put PostgreSQL's server binaries, one per version
+PG_START_TIMEOUT_S = 60  # how long `pg_ctl` may take to initialise, start or stop the server
+PG_PORT_TRIES = 3  # free ports tried: another process may take the one picked before the server binds it
+
+def postgres_bin() -> Path|None:
+    "The folder of PostgreSQL's `initdb` and `pg_ctl`: from the PATH, else the newest /usr/lib/postgresql/*/bin"
+    if shutil.which('initdb'): return Path(shutil.which('initdb')).parent
+    found = sorted(Path('/').glob(PG_BIN_GLOB), key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0)
+    return found[-1] if found else None
+
+def _free_port() -> int:
+    with socket.socket() as s: s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
+
+@contextlib.contextmanager
+def local_postgres(user:str='fastrepro', # the server's superuser
+                   password:str='fastrepro', # its password (the server asks for it: scram-sha-256)
+                   **settings, # server settings, e.g. fsync='off' for tests
+                  ):
+    "A throwaway PostgreSQL server on 127.0.0.1: yields the URL of its `postgres` database; removed at the end"
+    bindir = postgres_bin()
+    if bindir is None:
+        raise LedgerError("No PostgreSQL server binaries (initdb, pg_ctl) found: apt-get install postgresql")
+    as_root = os.geteuid() == 0
+    run_as = ['runuser', '-u', 'postgres', '--'] if as_root else []  # the server refuses to run as root
+    tmp = Path(tempfile.mkdtemp(prefix='fastrepro-pg-'))
+    def pg(*args):
+        r = subprocess.run(run_as + [str(bindir/args[0]), *map(str, args[1:])], capture_output=True, text=True,
+                           timeout=PG_START_TIMEOUT_S)
+        if r.returncode: raise LedgerError(f"{args[0]} failed: {_one_line(r.stderr or r.stdout)}")
+    try:
+        (tmp/'pw').write_text(password)
+        if as_root:
+            for p in (tmp, tmp/'pw'): shutil.chown(p, 'postgres')
+        pg('initdb', '-D', tmp/'data', '-U', user, f'--pwfile={tmp/"pw"}', '-A', 'scram-sha-256', '-E', 'UTF8',
+           '--no-sync')
+        opts = ''.join(f' -c {k}={v}' for k,v in settings.items())
+        for attempt in range(PG_PORT_TRIES):
+            port = _free_port()
+            try: pg('pg_ctl', '-D', tmp/'data', '-l', tmp/'log', '-w', '-t', PG_START_TIMEOUT_S,
+                    '-o', f'-p {port} -h 127.0.0.1 -k {tmp}{opts}', 'start')
+            except LedgerError:
+                if attempt == PG_PORT_TRIES-1: raise
+            else: break
+        try: yield f'postgresql://{user}:{password}@127.0.0.1:{port}/postgres'
+        finally: pg('pg_ctl', '-D', tmp/'data', '-m', 'immediate', 'stop')
+    finally: shutil.rmtree(tmp, ignore_errors=True)

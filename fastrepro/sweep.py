@@ -1,4 +1,4 @@
-"""Run a training function once per seed, in this process or in worker processes, and record every run in a ledger.
+"""Run a training function once per seed, here or on any executor (a process pool, a Dask cluster, SLURM through submitit), with the same bits wherever a seed runs, every run recorded in a ledger, and a sweep that resumes where it stopped.
 
 Docs: https://fastrepro.github.io/fastrepro/sweep.html.md"""
 
@@ -6,19 +6,54 @@ Docs: https://fastrepro.github.io/fastrepro/sweep.html.md"""
 
 # %% ../nbs/13_sweep.ipynb #a33eb66d
 from __future__ import annotations
-import sys, time, pickle
+import os, sys, time, uuid, pickle, socket, threading, traceback, contextlib, multiprocessing
 import numpy as np, pandas as pd
 from collections.abc import Mapping
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from functools import partial
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, wait, FIRST_COMPLETED
 from datetime import datetime, timezone
-from multiprocessing import get_context
 from fastcore.basics import *
 
 # %% auto #0
-__all__ = ['repeat']
+__all__ = ['RESUME_FIELDS', 'DASK_NO_DAEMON', 'POLL_S', 'pinned', 'WorkerError', 'SweepError', 'repeat']
 
 # %% ../nbs/13_sweep.ipynb #7ba37c04
+@contextlib.contextmanager
+def pinned(seed:int, # seeds every generator (`seed_everything`)
+           threads:int, # torch's intra-op thread count for the run
+           deterministic:bool=True, # flip every deterministic switch for the run
+          ):
+    "Run the block with torch's thread count, every generator and the deterministic switches set for `seed`"
+    import torch  # only when a run is pinned: `repeat`'s caller may never import torch
+    from fastrepro.rng import seed_everything, deterministic_switches, set_switches, rng_states, restore_rng_states
+    before = torch.get_num_threads(), deterministic_switches(), rng_states()
+    torch.set_num_threads(threads)
+    seed_everything(seed, deterministic)
+    try: yield
+    finally:
+        torch.set_num_threads(before[0]); set_switches(before[1]); restore_rng_states(before[2])
+
+# %% ../nbs/13_sweep.ipynb #da9e24b6
+RESUME_FIELDS = ('experiment', 'variant', 'commit', 'patch', 'metric_version', 'data_fingerprint')  # a seed's identity
+DASK_NO_DAEMON = "dask.config.set({'distributed.worker.daemon': False})"  # before a Dask cluster starts
+_SEED_LOCK = threading.Lock()  # one seed at a time per process: generators, switches and threads are process-wide
+
+class WorkerError(RuntimeError):
+    "A worker process where seeds cannot run as they must"
+
+class SweepError(RuntimeError):
+    "Seeds of a sweep were lost: their worker died. `results` holds the seeds that completed"
+    def __init__(self, msg:str, results:pd.DataFrame): super().__init__(msg); self.results = results
+
 def _now() -> datetime: return datetime.now(timezone.utc)
+
+def _check_worker():
+    "Refuse a daemonic process: fastai's tokenizer and DataLoader workers cannot start processes there"
+    if multiprocessing.current_process().daemon:
+        raise WorkerError(f"The worker process {os.getpid()} on {socket.gethostname()} is daemonic, so training code "
+                          "that starts processes fails in it (fastai's tokenizer: 'daemonic processes are not allowed "
+                          f"to have children'). Dask's workers are daemonic by default: run `{DASK_NO_DAEMON}` before "
+                          "the cluster starts (for `dask worker`: DASK_DISTRIBUTED__WORKER__DAEMON=False).")
 
 def _as_metrics(res, seed) -> dict:
     "The metrics dict `train_fn(seed)` returned, values as floats"
@@ -27,81 +62,144 @@ def _as_metrics(res, seed) -> dict:
                         "e.g. {'accuracy': 0.91, 'valid_loss': 0.27}.")
     return {str(k): float(v) for k,v in res.items()}
 
-def _run_seed(train_fn, seed, with_env:bool) -> dict:
-    "Run `train_fn(seed)` in this process: its metrics, timing and, for a ledger, this process's environment"
-    started, t0 = _now(), time.perf_counter()
-    metrics = _as_metrics(train_fn(seed), seed)
-    env = None
-    if with_env:
-        from fastrepro.provenance import environment_info  # imports torch: only when recording
-        env = environment_info()
-    return dict(seed=seed, metrics=metrics, started=started, finished=_now(), duration=time.perf_counter()-t0, env=env)
+def _sendable(e:Exception) -> Exception:
+    "`e`, or a `RuntimeError` saying what it was where `e` cannot travel back from a worker process"
+    try: pickle.loads(pickle.dumps(e)); return e
+    except Exception: return RuntimeError(f"{type(e).__name__}: {e}")
 
-# %% ../nbs/13_sweep.ipynb #da9e24b6
-def _check_picklable(train_fn):
-    "Refuse early, and clearly, a `train_fn` that worker processes cannot import"
-    main = sys.modules.get('__main__')
-    if getattr(train_fn, '__module__', None) == '__main__' and not getattr(main, '__file__', None):
-        raise TypeError(f"train_fn {getattr(train_fn, '__name__', train_fn)!r} is defined in a notebook or interactive "
-                        "session, which worker processes cannot import. Move it to a .py module, or use n_jobs=1.")
-    try: pickle.dumps(train_fn)
-    except Exception as e:
-        raise TypeError(f"train_fn cannot be sent to worker processes ({e}). Use a function defined at the top level of "
-                        "a module (functools.partial of one is fine), or n_jobs=1.") from None
-
-def _record(ledger, prov:dict, fields:dict, seed, started:datetime, run) -> int:
-    "Add one run of `repeat` to `ledger`; `run` is `_run_seed`'s result, or the exception that ended the run"
-    rec = {**fields, **prov, 'seed': seed}
-    if isinstance(run, BaseException):
-        rec.update(status='interrupted' if isinstance(run, KeyboardInterrupt) else 'failed', started=started,
-                   finished=_now(), notes=f"{type(run).__name__}: {run}")
-    else:
-        rec.update(status='completed', env=run['env'], env_hash=run['env']['env_hash'], started=run['started'],
-                   finished=run['finished'], duration=run['duration'], metrics={'final': run['metrics']})
-    return ledger.add(rec)
+def _run_seed(train_fn, seed:int, threads:int, deterministic:bool, with_env:bool, sweep_id:str) -> dict:
+    "Run one seed in this process, pinned: metrics and times, or the error `train_fn` raised; the environment"
+    # `sweep_id` makes each task unique: Dask caches a task by its arguments and would hand a rerun the last outcome
+    _check_worker()
+    with _SEED_LOCK, pinned(seed, threads, deterministic):
+        env = None
+        if with_env:
+            from fastrepro.provenance import environment_info  # imports torch: only when recording
+            env = environment_info()  # inside the pin: the threads and switches the seed runs with
+        started, t0 = _now(), time.perf_counter()
+        try: metrics, error, trace = _as_metrics(train_fn(seed), seed), None, None
+        except Exception as e: metrics, error, trace = None, _sendable(e), traceback.format_exc()
+        return dict(seed=seed, metrics=metrics, error=error, trace=trace, started=started, finished=_now(),
+                    duration=time.perf_counter()-t0, env=env)
 
 # %% ../nbs/13_sweep.ipynb #5d63aa26
-def _iter_runs(train_fn, seeds, n_jobs:int, with_env:bool):
-    "Yield (seed, started, `_run_seed` result or exception) as runs finish; stop starting new seeds after a failure"
-    if n_jobs == 1:
+def _check_sendable(train_fn, executor:Executor):
+    "Refuse early, and clearly, a `train_fn` that the worker processes of a process pool cannot load"
+    if not isinstance(executor, ProcessPoolExecutor): return  # Dask and submitit send functions by value
+    main = sys.modules.get('__main__')
+    if getattr(train_fn, '__module__', None) == '__main__' and not getattr(main, '__file__', None):
+        raise TypeError(f"train_fn {getattr(train_fn, '__name__', train_fn)!r} is defined in a notebook or "
+                        "interactive session, which a process pool's workers cannot import. Move it to a .py module, "
+                        "or run the seeds here (executor=None) or on Dask, which sends functions by value.")
+    try: pickle.dumps(train_fn)
+    except Exception as e:
+        raise TypeError(f"train_fn cannot be sent to worker processes ({e}). Use a function defined at the top level "
+                        "of a module (functools.partial of one is fine).") from None
+
+POLL_S = 1.  # how often job objects that are not `concurrent.futures.Future`s (submitit's) are asked if they are done
+
+def _finished(pending:set) -> list:
+    "Wait until one of `pending` is done; the done ones. Job objects that are not futures (submitit's) are polled"
+    if all(isinstance(f, Future) for f in pending): return list(wait(pending, return_when=FIRST_COMPLETED).done)
+    while not (done := [f for f in pending if f.done()]): time.sleep(POLL_S)
+    return done
+
+def _iter_runs(job, seeds:list, executor:Executor|None):
+    "Yield (seed, submitted, `_run_seed` result or the exception that lost the seed); no new seed after an error"
+    if executor is None:
         for s in seeds:
             started = _now()
-            try: yield s, started, _run_seed(train_fn, s, with_env)
-            except BaseException as e: yield s, started, e; return
+            try: run = job(s)
+            except WorkerError: raise
+            except BaseException as e: yield s, started, e; return  # Ctrl-C
+            yield s, started, run
+            if run['error'] is not None: return
         return
-    with ProcessPoolExecutor(max_workers=n_jobs, mp_context=get_context('spawn')) as ex:
-        futs = {ex.submit(_run_seed, train_fn, s, with_env): (s, _now()) for s in seeds}
-        for f in as_completed(futs):
-            if f.cancelled(): continue
-            s, started = futs[f]
-            exc = f.exception()
-            if exc is not None:
-                for o in futs: o.cancel()
-            yield s, started, exc if exc is not None else f.result()
+    futs = {executor.submit(job, s): (s, _now()) for s in seeds}
+    pending = set(futs)
+    try:
+        while pending:
+            for f in _finished(pending):
+                pending.discard(f)
+                exc = f.exception()
+                if isinstance(exc, WorkerError): raise exc
+                run = exc if exc is not None else f.result()
+                if exc is None and run['error'] is not None:  # stop: what can still be cancelled is
+                    pending -= {o for o in pending if o.cancel() is not False}
+                yield *futs[f], run
+    finally:
+        for o in pending: o.cancel()  # after Ctrl-C or a refused worker: start nothing more
 
 # %% ../nbs/13_sweep.ipynb #f620f0cf
+def _record(ledger, rec:dict, seed, submitted:datetime, run) -> int:
+    "Add one run of `repeat` to `ledger`; `run` is `_run_seed`'s result, or the exception that ended the seed"
+    rec = dict(rec, seed=seed)
+    if isinstance(run, KeyboardInterrupt):  # ran here: the record keeps this process's environment
+        rec.update(status='interrupted', started=submitted, finished=_now(), notes='KeyboardInterrupt')
+    elif isinstance(run, BaseException):  # the worker died: where and how far it ran is unknown
+        rec.update(status='failed', started=submitted, finished=_now(), env=None, env_hash=None,
+                   notes=' '.join(f"{type(run).__name__}: {run}".split()))
+    else:
+        rec.update(env=run['env'], env_hash=run['env']['env_hash'], started=run['started'], finished=run['finished'],
+                   duration=run['duration'])
+        if run['error'] is None: rec.update(status='completed', metrics={'final': run['metrics']})
+        else: rec.update(status='failed', notes=f"{type(run['error']).__name__}: {run['error']}")
+    return ledger.add(rec)
+
+def _completed(ledger, rec:dict, seeds:list) -> dict:
+    "Rows of the `seeds` that have a completed record in `ledger` with the `RESUME_FIELDS` of `rec`"
+    if not seeds: return {}
+    runs = ledger.runs(status='completed', seed=seeds, **{k: rec.get(k) for k in RESUME_FIELDS})
+    return {int(r.seed): dict(seed=int(r.seed), run_id=i, duration=r.duration, **r.metrics['final'])
+            for i, r in runs[~runs.seed.duplicated()].iterrows()}
+
+# %% ../nbs/13_sweep.ipynb #2b7d4c91
 def repeat(train_fn, # called as `train_fn(seed)`, returns a dict of final metrics
            seeds, # the seeds to run, e.g. range(5)
-           n_jobs:int=1, # worker processes (1: run in this process, one seed after the other)
-           ledger=None, # a `Ledger` to add one record per run to
+           executor:Executor|None=None, # where the seeds run (a process pool, `client.get_executor()`, ...); None: here
+           ledger=None, # a `Ledger` to add one record per run to; the sweep then resumes where it stopped
+           threads:int|None=None, # torch's intra-op threads per run (default: this process's `torch.get_num_threads()`)
+           deterministic:bool=True, # flip every deterministic switch for each run
            allow_dirty:bool=False, # with a ledger: accept uncommitted changes, recording the patch
            repo_path='.', # with a ledger: a directory inside the git repository of the code
            **fields, # with a ledger: record fields, e.g. experiment='cifar', variant='mixup', hyperparameters={...}
           ) -> pd.DataFrame:
-    "Run `train_fn` once per seed (in parallel with `n_jobs > 1`); one row per seed with its metrics"
+    "Run `train_fn` once per seed, pinned, here or on `executor`; one row per seed with its metrics"
+    import torch  # for the default thread count
     seeds = list(seeds)
-    if len(set(seeds)) != len(seeds): raise ValueError(f"seeds {seeds} repeat: runs with the same seed are not independent samples.")
-    if fields and ledger is None: raise TypeError(f"Record fields {list(fields)} were given without a ledger to record them in.")
-    if n_jobs > 1: _check_picklable(train_fn)
-    prov = None
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds {seeds} repeat: runs with the same seed are not independent samples.")
+    if fields and ledger is None:
+        raise TypeError(f"Record fields {list(fields)} were given without a ledger to record them in.")
+    if executor is not None: _check_sendable(train_fn, executor)
+    rec, rows = None, {}
     if ledger is not None:
         from fastrepro.provenance import run_provenance  # imports torch: only when recording
         ledger.check_fields(fields)
-        prov = run_provenance(repo_path, allow_dirty)
-    rows, errors = {}, []
-    for seed, started, run in _iter_runs(train_fn, seeds, n_jobs, ledger is not None):
-        run_id = {} if ledger is None else {'run_id': _record(ledger, prov, fields, seed, started, run)}
-        if isinstance(run, BaseException): errors.append(run)
+        rec = {**fields, **run_provenance(repo_path, allow_dirty)}
+        rows = _completed(ledger, rec, seeds)
+        if rows: print(f"repeat: seeds {sorted(rows)} have completed records in {ledger.db.address} (experiment "
+                       f"{rec.get('experiment')!r}, variant {rec.get('variant')!r}, commit {str(rec['commit'])[:8]}): "
+                       f"running {[s for s in seeds if s not in rows] or 'nothing'}.")
+    job = partial(_run_seed, train_fn, threads=threads or torch.get_num_threads(), deterministic=deterministic,
+                  with_env=ledger is not None, sweep_id=uuid.uuid4().hex)
+    error, lost = None, {}
+    for seed, submitted, run in _iter_runs(job, [s for s in seeds if s not in rows], executor):
+        run_id = {} if ledger is None else {'run_id': _record(ledger, rec, seed, submitted, run)}
+        if isinstance(run, KeyboardInterrupt): raise run
+        if isinstance(run, BaseException): lost[seed] = run
+        elif run['error'] is not None:
+            if error is None: error, trace = run['error'], run['trace']
         else: rows[seed] = dict(seed=seed, **run_id, duration=run['duration'], **run['metrics'])
-    if errors: raise errors[0]
-    return pd.DataFrame([rows[s] for s in seeds])
+    if error is not None:
+        if executor is not None: error.add_note(f"train_fn raised this in a worker process:\n{trace}")
+        raise error
+    res = pd.DataFrame([rows[s] for s in seeds if s in rows])
+    if lost:
+        why = ', '.join(f"{t} for seeds {ss}" for t, ss in groupby(lost, lambda s: type(lost[s]).__name__).items())
+        again = ("Their failed records are in the ledger; run the same `repeat` call again to run only the seeds "
+                 "without a completed record." if ledger is not None else "Run these seeds again.")
+        first = next(iter(lost.values()))
+        msg = f"Seeds {sorted(lost)} were lost: their worker died ({why}; the first said: {first}). {again}"
+        raise SweepError(' '.join(msg.split()), res)
+    return res

@@ -51,3 +51,25 @@ def run_py(code, cwd, env=None, timeout=600):
     r = subprocess.run([sys.executable, '-c', code], cwd=cwd, env=e, capture_output=True, text=True, timeout=timeout)
     if r.returncode != 0: raise AssertionError(f"subprocess failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}")
     return r.stdout
+
+
+# A throwaway PostgreSQL server for the ledger tests (tests/test_ledger_backends.py): started once per session on
+# 127.0.0.1, one new database per test.
+@pytest.fixture(scope='session')
+def pg_server():
+    "URL of a PostgreSQL server started for this session (fsync off: nothing here needs to survive a crash)"
+    from fastrepro.ledger import local_postgres, postgres_bin
+    if postgres_bin() is None:
+        if shutil.which('apt-get'):
+            pytest.fail("PostgreSQL's server binaries are missing: apt-get install -y postgresql (.ci/run does)")
+        pytest.skip("PostgreSQL's server binaries are missing and there is no apt-get to install them")
+    pytest.importorskip('psycopg', reason="the PostgreSQL driver is missing: pip install -e '.[dev]'")
+    with local_postgres(fsync='off') as url: yield url
+
+@pytest.fixture
+def pg_url(pg_server):
+    "URL of a new, empty database on the session's PostgreSQL server"
+    import uuid, psycopg
+    name = f'test_{uuid.uuid4().hex[:12]}'
+    with psycopg.connect(pg_server, autocommit=True) as con: con.execute(f'CREATE DATABASE {name}')
+    return f"{pg_server.rsplit('/', 1)[0]}/{name}"
