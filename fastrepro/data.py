@@ -167,10 +167,15 @@ def create_batches(self:DataLoader, samps):
     return _fastai['create_batches'](self, samps) if st is None or not st.steps_draw else _stream_batches(self, st, samps)
 
 # %% ../nbs/05_data.ipynb #436811e5
+class _WorkerSeed(torch.Generator):
+    "The generator PyTorch draws a pass's worker base seed from, in the main process; pickled, it is a fresh one"
+    # PyTorch draws the base seed before it starts the workers, which never use this generator; a worker started with
+    # *spawn* gets the loader pickled, and cannot unpickle a generator's state tensor ("unable to resize file")
+    def __reduce__(self): return (torch.Generator, ())
+
 def _stream_iter(dl, st:DataStreams):
     "fastai's `__iter__` with its worker seed from the pass's stream and each step under its batch's stream"
-    # the worker seed from the pass's stream; a `torch.Generator` pickles, so spawned workers work too
-    dl.fake_l.generator = torch.Generator().manual_seed(st.seed_for(WORKER_STREAM))
+    dl.fake_l.generator = _WorkerSeed().manual_seed(st.seed_for(WORKER_STREAM))
     cuda_gen,batches,done = _cuda_gen(dl),_fastai['__iter__'](dl),object()
     for i in itertools.count():
         if not st.steps_draw: b = next(batches, done)  # nothing in the step draws: no stream needed
