@@ -19,7 +19,7 @@ from .checkpoint import *
 from .data import make_deterministic, undo_deterministic, set_epoch
 from .audit import audit_fit, audit_resume, Findings
 from .trace import Trace, TRACE_EVERY
-from .provenance import run_provenance, environment_info, pack_git, unpack_git
+from .provenance import run_provenance, environment_info, pack_git, unpack_git, check_ranks_agree
 from .ledger import Ledger
 
 # %% auto #0
@@ -179,7 +179,7 @@ class FitRecord:
 
     def start(self, learn, seed:int, fit:int, start_epoch:int, prov:dict, resumed:int|None=None):
         "Add the record of a fit; resuming (`resumed`: the interrupted fit's record), mark that record running again"
-        if self.ledger is None: return
+        if self.ledger is None or rank_distrib(): return  # one record per fit: rank 0's
         self.started = time.time()
         prev = self.ledger.runs(id=resumed) if resumed is not None else []
         if len(prev):
@@ -187,7 +187,7 @@ class FitRecord:
             return self.ledger.update(resumed, status='running', notes=f"resumed at epoch {start_epoch}")
         hp = dict(lr=float(learn.opt.hypers[-1]['lr']) if learn.opt is not None else None, epochs=learn.n_epoch,
                   bs=getattr(learn.dls, 'bs', None), arch=type(get_model(learn.model)).__name__,
-                  loss_func=type(learn.loss_func).__name__, fit_idx=fit, start_epoch=start_epoch)
+                  loss_func=type(learn.loss_func).__name__, fit_idx=fit, start_epoch=start_epoch, world_size=world_size())
         self.run_id, self.earlier = self.ledger.add(dict(
             experiment=self.experiment or DEFAULT_EXPERIMENT, variant=self.variant, seed=seed, hyperparameters=hp,
             tags=self.tags, metric_version=self.metric_version, data_fingerprint=data_fingerprint(learn.dls),
@@ -220,8 +220,11 @@ class ReproCB(Callback):
         metric_version:str|None=None, # version of the validation data, procedure and metric; runs of other versions are not compared
         tags:dict|None=None, # user tags stored with each ledger record
         allow_cudnn_rnn_dropout:bool=False, # accept cuDNN's uncapturable RNN dropout on CUDA
+        rank_streams:bool=True, # in a distributed run, each rank's dropout and other model-side draws from its own streams
+        allow_world_size_change:bool=False, # resume, at an epoch boundary, a checkpoint of another number of processes
     ):
-        store_attr('seed,deterministic,warn_only,deterministic_data,per_item,allow_dirty,repo_path,allow_cudnn_rnn_dropout')
+        store_attr('seed,deterministic,warn_only,deterministic_data,per_item,allow_dirty,repo_path,allow_cudnn_rnn_dropout,'
+                   'rank_streams,allow_world_size_change')
         self.trace, self.findings = Trace(trace_every), Findings()
         self.record = FitRecord(ledger, experiment, variant, metric_version, tags)
         self.position = Position()   # where the run stands
@@ -248,12 +251,14 @@ class ReproCB(Callback):
         if self.deterministic: self._switches_before = set_deterministic(True, warn_only=self.warn_only)
         env = environment_info()  # with the fit's switches
         self.prov.update(env=env, env_hash=env['env_hash'])
+        check_ranks_agree(self.prov)
         self.device = str(getattr(self.dls, 'device', None) or default_device())
         found = audit_fit(self.learn, env, self.allow_cudnn_rnn_dropout)
         if self.resumes and self.resuming is not None: found += audit_resume(self.resuming['provenance'], self._provenance())
         self.findings.report(found)
-        if self.deterministic_data: make_deterministic(self.dls, derive_seed(self.seed, 'data'), per_item=self.per_item)
-        if self.start_epoch == 0: seed_global(derive_seed(self.seed, self.position.fit, 'fit'))
+        if self.deterministic_data:
+            make_deterministic(self.dls, derive_seed(self.seed, 'data'), per_item=self.per_item, rank=rank_distrib())
+        if self.start_epoch == 0: seed_global(derive_seed(self.seed, self.position.fit, 'fit', *self._rank))
         resumed = self.resuming['ledger_run'] if self.resumes and self.resuming is not None else None
         self.record.start(self.learn, self.seed, self.position.fit, self.start_epoch, self.prov, resumed=resumed)
 
@@ -307,7 +312,7 @@ class ReproCB(Callback):
         res = dict(seed=self.seed, position=self.position.state_dict(self.learn), grad_present=grad_presence(self.model),
                    recorder=recorder_state(rec) if rec is not None and hasattr(rec, 'lrs') else None,
                    trace=self.trace.state_dict(), provenance=self._provenance(), ledger_run=self.record.run_id,
-                   fastai_callbacks=fastai_callback_states(self.learn))
+                   fastai_callbacks=fastai_callback_states(self.learn), world_size=world_size())
         if not self.deterministic_data: res['loader_orders'] = loader_orders(self.dls)
         if self.position.batch: res['inside'] = self._inside_state()
         return res
@@ -351,6 +356,12 @@ class ReproCB(Callback):
             if pos['epoch'] != start:
                 raise ResumeError(f"The loaded checkpoint stopped before epoch {pos['epoch']} of its fit, so the resumed fit "
                                   f"must start at epoch {pos['epoch']}; got start_epoch={start}.")
+            if p['world_size'] != world_size() and (pos['batch'] or not self.allow_world_size_change):
+                raise ResumeError(f"The loaded checkpoint comes from a run of {p['world_size']} process(es) and this run has "
+                                  f"{world_size()}: each process's share of the data, its generators and its model's hidden "
+                                  "state would differ, so the resumed run cannot be the interrupted one. Launch as many "
+                                  "processes as before, or resume at an epoch boundary with "
+                                  "`ReproCB(allow_world_size_change=True)` (not bit-identical).")
             if pos['n_epoch'] != self.n_epoch:
                 raise ResumeError(f"The loaded checkpoint comes from a {pos['n_epoch']}-epoch fit; resuming it with n_epoch="
                                   f"{self.n_epoch} changes the schedule. Call the same fit method with n_epoch={pos['n_epoch']}.")
@@ -382,7 +393,7 @@ class ReproCB(Callback):
         self.learn.train_iter = p['position']['train_iter']
         if 'loader_orders' in p: set_loader_orders(self.dls, p['loader_orders'])
         set_fastai_callback_states(self.learn, p['fastai_callbacks'])
-        self.inside = p.get('inside')  # a resume inside the epoch: the rest waits for its first batch (see below)
+        self.inside = p['inside'] if self.resume_batch else None  # inside the epoch: the rest waits for its first batch
 
     def _first_batch(self) -> int: return self.resume_batch if self.epoch == self.start_epoch else 0
 
@@ -415,9 +426,14 @@ class ReproCB(Callback):
         for cb in self._silenced: cb.run = True
         self._silenced = []
 
+    @property
+    def _rank(self) -> tuple:
+        "The stream coordinate of this process's rank: none for rank 0 (a single process), or with `rank_streams` off"
+        return ('rank', rank_distrib()) if self.rank_streams and rank_distrib() else ()
+
     def _barrier(self, epoch:int):
-        "Seed every generator, each DataLoader's included, from (seed, fit index, epoch)"
-        seed_global(derive_seed(self.seed, self.position.fit, epoch))
+        "Seed every generator, each DataLoader's included, from (seed, fit index, epoch) and the rank"
+        seed_global(derive_seed(self.seed, self.position.fit, epoch, *self._rank))
         for i, dl in enumerate(self.dls.loaders): dl.rng = random.Random(derive_seed(self.seed, self.position.fit, epoch, 'dl', i))
 
     def _end_fit(self, status:str, notes:str|None=None):
@@ -445,7 +461,8 @@ def _repro_summary(state:dict) -> dict:
     "What `checkpoint_info` shows of a `ReproCB` state"
     pos, prov = state['position'], state['provenance']
     return dict(seed=state['seed'], fit_idx=pos['fit'], n_epoch=pos['n_epoch'], start_epoch=pos['epoch'], batch=pos['batch'],
-                iteration=pos['train_iter'], env=prov['env'], git=unpack_git(prov['git']), device=prov['device'])
+                iteration=pos['train_iter'], env=prov['env'], git=unpack_git(prov['git']), device=prov['device'],
+                world_size=state['world_size'])
 
 # %% ../nbs/03_callback.ipynb #c6881974
 @patch(as_prop=True)

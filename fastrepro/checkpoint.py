@@ -6,7 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/checkpoint.html.md"""
 
 # %% ../nbs/02_checkpoint.ipynb #95a33e88
 from __future__ import annotations
-import os, sys, ctypes, pickle, hashlib, zipfile, tempfile, warnings, functools
+import os, sys, ctypes, importlib, pickle, hashlib, zipfile, tempfile, warnings, functools
 from fastai.basics import *
 from fastai.text.learner import TextLearner, clean_raw_keys
 from .core import *
@@ -14,7 +14,7 @@ from .core import *
 # %% auto #0
 __all__ = ['STATE_KEY', 'FORMAT_VERSION', 'TMP_PREFIX', 'DURABLE', 'CheckpointError', 'atomic_torch_save', 'fastai_safe_globals',
            'read_checkpoint', 'split_state', 'model_signature', 'data_signature', 'check_compatible',
-           'checkpoint_state', 'to_plain', 'checkpoint_summary', 'checkpoint_info']
+           'checkpoint_state', 'callback_states', 'to_plain', 'checkpoint_summary', 'checkpoint_info']
 
 # %% ../nbs/02_checkpoint.ipynb #f299278a
 STATE_KEY = '__fastrepro__'   # where fastrepro's state lives inside the optimizer entry
@@ -138,11 +138,17 @@ def check_compatible(learn, extra:dict, file):
                               "scrambled. Rebuild the DataLoaders with the checkpoint's vocab (`vocab=...`) or the same data.")
 
 # %% ../nbs/02_checkpoint.ipynb #8fa78b9f
-def checkpoint_state(learn) -> dict:
+def checkpoint_state(learn, # the learner
+                     states:list|None=None, # each rank's callback states (`callback_states`), rank 0 first; default: this process's
+                    ) -> dict:
     "fastrepro's part of a checkpoint of `learn`: the format, what it belongs to, and every stateful callback's state"
-    states = {cb.name: cb.state_dict() for cb in stateful_cbs(learn)}
+    states = states or [callback_states(learn)]
     return to_plain({'format': FORMAT_VERSION, 'model': model_signature(learn.model), 'data': data_signature(learn.dls),
-                     'callbacks': states})
+                     'callbacks': states[0], **({'rank_callbacks': states[1:]} if len(states) > 1 else {})})
+
+def callback_states(learn) -> dict:
+    "The state of every stateful callback of `learn`, by name"
+    return {cb.name: cb.state_dict() for cb in stateful_cbs(learn)}
 
 # %% ../nbs/02_checkpoint.ipynb #6d56b7c8
 _PLAIN = (bool, int, float, str, bytes, type(None))
@@ -169,13 +175,16 @@ _fastai_save = Learner.save
 @patch
 @delegates(_fastai_save)
 def save(self:Learner, file, **kwargs):
-    "fastai's `Learner.save`; with stateful callbacks attached it also stores their state, and writes atomically"
-    if not _extends(self) or rank_distrib(): return _fastai_save(self, file, **kwargs)
+    "fastai's `Learner.save`; with stateful callbacks attached it stores their state (every rank's), atomically"
+    if not _extends(self) or (rank_distrib() and not distributed()): return _fastai_save(self, file, **kwargs)
     file = join_path_file(file, self.path/self.model_dir, ext='.pth')
-    opt = getattr(self, 'opt', None)
-    opt_state = opt.state_dict() if kwargs.get('with_opt', True) and opt is not None else {}
-    state = {'model': get_model(self.model).state_dict(), 'opt': {**opt_state, STATE_KEY: checkpoint_state(self)}}
-    atomic_torch_save(state, file, pickle_protocol=kwargs.get('pickle_protocol', 2))
+    states = gather(callback_states(self))  # in a distributed run, every rank's, on rank 0 (which alone writes)
+    if states is not None:
+        opt = getattr(self, 'opt', None)
+        opt_state = opt.state_dict() if kwargs.get('with_opt', True) and opt is not None else {}
+        state = {'model': get_model(self.model).state_dict(), 'opt': {**opt_state, STATE_KEY: checkpoint_state(self, states)}}
+        atomic_torch_save(state, file, pickle_protocol=kwargs.get('pickle_protocol', 2))
+    distrib_barrier()  # the other ranks return once the file is complete (fastai's `save_model` does not wait)
     return file
 
 # %% ../nbs/02_checkpoint.ipynb #68efeb47
@@ -187,7 +196,8 @@ def _hand_over(learn, extra, file):
         if cbs: warnings.warn(f"{file} is a plain fastai checkpoint: it holds no RNG or callback state, so a run "
                               "resumed from it will not be bit-identical to the uninterrupted one.")
         return
-    saved = extra.get('callbacks', {})
+    ranks = [extra['callbacks']] + extra.get('rank_callbacks', [])
+    saved = ranks[rank_distrib()] if rank_distrib() < len(ranks) else ranks[0]  # this rank's part (see `ReproCB`)
     for cb in cbs:
         if cb.name in saved: cb.load_state_dict(saved[cb.name])
         else: warnings.warn(f"{file} holds no state for the attached callback `{cb.name}`; it starts fresh.")
@@ -232,6 +242,8 @@ TextLearner.load = _repro_load(TextLearner.load, clean_raw_keys)
 
 # %% ../nbs/02_checkpoint.ipynb #4db791d2
 _summaries = {}  # callback name -> function(state) -> what `checkpoint_info` shows of that callback's state
+# fastrepro's own callbacks register theirs where they are defined; `checkpoint_info` imports those modules when needed
+_OWN_SUMMARIES = {'repro_cb': 'fastrepro.callback', 'mixed_precision': 'fastrepro.fp16', 'checkpoint_cb': 'fastrepro.preempt'}
 
 def checkpoint_summary(name:str, # the callback's `name`, under which its state is stored
                       ):
@@ -246,5 +258,6 @@ def checkpoint_info(path) -> dict:
     if extra is None: return res
     res.update(format=extra['format'], callbacks=sorted(extra['callbacks']))
     for name, state in extra['callbacks'].items():
+        if name not in _summaries and name in _OWN_SUMMARIES: importlib.import_module(_OWN_SUMMARIES[name])
         if name in _summaries: res.update(_summaries[name](state))
     return res

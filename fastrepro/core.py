@@ -10,7 +10,8 @@ from fastai.basics import *
 from fastai.callback.schedule import LRFinder
 
 # %% auto #0
-__all__ = ['resume_epoch', 'resume_batch', 'in_lr_find', 'is_stateful', 'stateful_cbs', 'in_fit']
+__all__ = ['resume_epoch', 'resume_batch', 'in_lr_find', 'is_stateful', 'stateful_cbs', 'in_fit', 'distributed', 'world_size',
+           'all_gather', 'gather', 'any_rank']
 
 # %% ../nbs/00_core.ipynb #ef260262
 def resume_epoch(learn:Learner) -> int:
@@ -62,3 +63,34 @@ def fit(self:Learner, n_epoch, lr=None, wd=None, cbs=None, reset_opt=False, star
 def in_fit(learn:Learner) -> bool:
     "True inside `Learner.fit`; False in `validate`/`get_preds`, which also send `before_fit` to callbacks"
     return learn.__dict__.get('_repro_fit_depth', 0) > 0
+
+# %% ../nbs/00_core.ipynb #4cd69e04
+def distributed() -> bool:
+    "Is this process one of several, with their process group set up (so that they can exchange data)?"
+    return num_distrib() > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
+
+def world_size() -> int:
+    "How many processes train together (1 outside a distributed run)"
+    return max(num_distrib(), 1)
+
+def all_gather(obj) -> list:
+    "`obj` of every rank, in rank order, on every rank (`[obj]` in a single process)"
+    if not distributed(): return [obj]
+    res = [None]*num_distrib()
+    torch.distributed.all_gather_object(res, obj)
+    return res
+
+def gather(obj) -> list|None:
+    "`obj` of every rank, in rank order, on rank 0 (None on the others; `[obj]` in a single process)"
+    if not distributed(): return [obj]
+    res = [None]*num_distrib() if rank_distrib() == 0 else None
+    torch.distributed.gather_object(obj, res, dst=0)
+    return res
+
+def any_rank(*flags:bool) -> list:
+    "For each of `flags`: is it true on any rank? Every rank gets the same answers, from one all-reduce"
+    if not distributed(): return [bool(f) for f in flags]
+    nccl = torch.distributed.get_backend() == 'nccl'  # NCCL reduces GPU tensors only
+    t = torch.tensor([int(f) for f in flags], device=torch.device('cuda', torch.cuda.current_device()) if nccl else 'cpu')
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return [bool(v) for v in t.tolist()]

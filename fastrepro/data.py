@@ -40,9 +40,10 @@ class DataStreams:
                  per_item:bool=True, # seed the generators before each item (True) or once per batch (False, cheaper)
                  dl_idx:int=0, # the loader's index in its `DataLoaders`, so that train and valid draw different streams
                  steps_draw:bool=True, # the loader's steps can draw random numbers (`steps_draw`); if not, only its order is seeded
+                 rank:int=0, # the process's rank in a distributed run: its batches are its own, and so are their streams
                 ):
         self.seed, self.per_item, self.dl_idx, self.epoch = int(seed), bool(per_item), int(dl_idx), _as_epoch(epoch)
-        self.steps_draw = bool(steps_draw)
+        self.steps_draw, self.rank = bool(steps_draw), int(rank)
         self.start = 0    # the first batch of the next pass: a pass resumed in its middle skips the batches before it
         self.step = None  # the batch `__iter__` is fetching in the main process (not state: it lives within a pass)
 
@@ -50,13 +51,17 @@ class DataStreams:
         "The seed of stream `coords` (e.g. `SHUFFLE_STREAM`, or an item index) in the current pass"
         return derive_seed(self.seed, self.dl_idx, self.epoch, *coords)
 
+    def step_seed(self, *coords) -> int:
+        "The seed of a stream of this process's batches (`BATCH_STREAM`, `ITEMS_STREAM`, `WORKER_STREAM`): per rank"
+        return self.seed_for(*coords, *(('rank', self.rank) if self.rank else ()))
+
     def advance(self):
         "Move on to the next pass: `epoch+1`, or a tuple with its last element plus one, from its first batch"
         e = self.epoch
         self.epoch, self.start = e[:-1]+(e[-1]+1,) if isinstance(e, tuple) else e+1, 0
 
     def __repr__(self):
-        return f"DataStreams(seed={self.seed}, epoch={self.epoch}, per_item={self.per_item}, dl_idx={self.dl_idx}, steps_draw={self.steps_draw})"
+        return f"DataStreams(seed={self.seed}, epoch={self.epoch}, per_item={self.per_item}, dl_idx={self.dl_idx}, steps_draw={self.steps_draw}, rank={self.rank})"
 
 # %% ../nbs/05_data.ipynb #e1584ea1
 def _seed_cpu(seed:int):
@@ -96,8 +101,9 @@ _PATCHED = ('__iter__', 'randomize', 'get_idxs', 'create_batches')
 _fastai = {n: getattr(DataLoader, '_orig_'+n, getattr(DataLoader, n)) for n in _PATCHED}
 
 def data_streams(dl) -> DataStreams|None:
-    "The streams attached to `dl` by `make_deterministic`, or None"
-    return dl.__dict__.get('repro_streams')
+    "The streams attached to `dl` (or to the loader it wraps, as fastai's `DistributedDL`) by `make_deterministic`, or None"
+    st, inner = dl.__dict__.get('repro_streams'), dl.__dict__.get('dl')
+    return data_streams(inner) if st is None and isinstance(inner, DataLoader) else st
 
 # %% ../nbs/05_data.ipynb #48c5bd59
 def _reset_order(dl):
@@ -152,12 +158,12 @@ def _stream_batches(dl, st:DataStreams, samps):
         b_ = st.start + i  # the batch's index in the whole pass
         fresh = in_main and i > 0 and st.step == b_  # `__iter__`'s step seeded them, and nothing drew since
         saved = _cpu_states() if in_main and not fresh else None
-        if not st.per_item: _seed_cpu(st.seed_for(ITEMS_STREAM, b_))
+        if not st.per_item: _seed_cpu(st.step_seed(ITEMS_STREAM, b_))
         try: b = next(batches)
         except StopIteration: return
         finally:
             if saved is not None: _set_cpu_states(saved)
-            elif fresh: _seed_cpu(st.seed_for(BATCH_STREAM, b_))
+            elif fresh: _seed_cpu(st.step_seed(BATCH_STREAM, b_))
         yield b
 
 @patch
@@ -175,14 +181,14 @@ class _WorkerSeed(torch.Generator):
 
 def _stream_iter(dl, st:DataStreams):
     "fastai's `__iter__` with its worker seed from the pass's stream and each step under its batch's stream"
-    dl.fake_l.generator = _WorkerSeed().manual_seed(st.seed_for(WORKER_STREAM))
+    dl.fake_l.generator = _WorkerSeed().manual_seed(st.step_seed(WORKER_STREAM))
     cuda_gen,batches,done = _cuda_gen(dl),_fastai['__iter__'](dl),object()
     for i in itertools.count():
         if not st.steps_draw: b = next(batches, done)  # nothing in the step draws: no stream needed
         else:
             st.step = st.start + i  # the batch's index in the whole pass
             try:
-                with _seeded(st.seed_for(BATCH_STREAM, st.step), cuda_gen): b = next(batches, done)
+                with _seeded(st.step_seed(BATCH_STREAM, st.step), cuda_gen): b = next(batches, done)
             finally: st.step = None
         if b is done: break
         yield b
@@ -228,12 +234,13 @@ def make_deterministic(dls, # a `DataLoaders`, one `DataLoader`, or a list of th
                        seed:int, # the run seed
                        per_item:bool|None=True, # seed before each item (True), once per batch (False), or None: decide per loader (`items_draw`, `steps_draw`)
                        epoch=0, # the first pass coordinate
+                       rank:int=0, # the process's rank in a distributed run (its batches' streams are its own)
                       ):
     "Make each DataLoader of `dls` draw its order, items and worker seeds from streams of `seed`; returns `dls`"
     for i, dl in enumerate(_loaders(dls)):
         item = items_draw(dl) if per_item is None else per_item
         draws = per_item is not None or steps_draw(dl)
-        dl.__dict__['repro_streams'] = DataStreams(seed, epoch=epoch, per_item=item, dl_idx=i, steps_draw=draws)
+        dl.__dict__['repro_streams'] = DataStreams(seed, epoch=epoch, per_item=item, dl_idx=i, steps_draw=draws, rank=rank)
     return dls
 
 def undo_deterministic(dls):

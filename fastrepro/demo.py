@@ -411,9 +411,10 @@ def report_markdown(info:dict, # `Demo.info()`
     for r in results: md += ['', f"## {r.check}", ''] + [f"![{r.check}]({p.name})" for p in r.plots()]
     return '\n'.join(md) + '\n'
 
-# %% ../nbs/16_demo.ipynb #9f34bdd5
-DEMO_CHECKS = (check_same_seed, check_resume, check_fp16, check_nondeterminism, check_variants, check_fast_loop)
+# %% ../nbs/16_demo.ipynb #a8d9ce3b
+DEMO_CHECKS = (check_same_seed, check_resume, check_fp16, check_nondeterminism, check_variants, check_fast_loop)  # in order
 
+# %% ../nbs/16_demo.ipynb #9f34bdd5
 def run_demo(profile:str='fast', # 'test', 'fast' or 'full'
              n_seeds:int=N_SEEDS, # seeds per arm of check 5
              data=None, # a CSV of labelled texts; None: the IMDB sample

@@ -66,7 +66,7 @@ class Job:
     stages:list|None=None # the fits; default: the profile's recipe (`lm_stages` / `clas_stages`)
     num_workers:int=NUM_WORKERS # DataLoader worker processes
     every_iters:int=3 # `CheckpointCB`'s interval in the `preempt`, `resume` (with a kill) and `script` modes
-    trackers:bool=False # the last fit has `SaveModelCallback(monitor='valid_loss')` and `ReduceLROnPlateau(patience=0)`
+    trackers:bool=False # the last fit has `SaveModelCallback(monitor='valid_loss')` and `ReduceLROnPlateau` (see above)
     method:str='fit_one_cycle' # the fit method of the stages (`fit`: a constant rate that `ReduceLROnPlateau` lowers)
 
     def __post_init__(self):
@@ -86,7 +86,7 @@ class Job:
         "The callbacks of the last fit: `cbs`, and the trackers"
         if not self.trackers: return list(cbs)
         self._best = SaveModelCallback(monitor='valid_loss', fname=BEST)  # `record` reads its decision
-        return list(cbs) + [self._best, ReduceLROnPlateau(patience=0)]
+        return list(cbs) + [self._best, ReduceLROnPlateau(patience=0, min_delta=1.)]
 
     def train(self, learn:Learner, *cbs) -> Learner:
         "Run the fits on `learn`, `cbs` (and the trackers) attached to the last one"

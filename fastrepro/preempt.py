@@ -29,6 +29,10 @@ def _link(src:Path, dst:Path):
     except OSError: shutil.copy2(src, tmp)
     os.replace(tmp, dst)
 
+def _tell(msg:str, **kwargs):
+    "Print `msg` from one process: rank 0 (every rank takes the same decisions)"
+    if rank_distrib() == 0: print(msg, **kwargs)
+
 # %% ../nbs/04_preempt.ipynb #3f2619bb
 class CheckpointCB(Callback):
     "Checkpoints inside epochs (every N iterations or T seconds), at SIGTERM/SIGUSR1 before exiting, and rerun-to-continue"
@@ -58,19 +62,20 @@ class CheckpointCB(Callback):
 
     def after_batch(self):
         if not self.active: return
-        if self.signum is not None: self._preempted()
-        elif self.training and self._due(): self.save()
+        signalled, late = any_rank(self.signum is not None, self._late())  # in a distributed run, the ranks agree
+        if signalled: self._preempted()
+        elif self.training and (late or (self.every_iters and self.learn.train_iter % self.every_iters == 0)): self.save()
 
     def after_epoch(self):
-        if self.active and self.signum is not None: self._preempted()  # the signal came after the epoch's last batch
+        if self.active and any_rank(self.signum is not None)[0]: self._preempted()  # came after the epoch's last batch
 
     def after_fit(self):
         if not self.active: return
         self._end()
         if self.autoresume and self.fit_number is not None:
             self.save()  # the fit's end state, kept for a rerun that skips this fit
-            _link(self.path, self.path.with_name(f'{self.fname}-fit{self.fit_number}.pth'))
-        if self.signum is not None: self._preempted()
+            if rank_distrib() == 0: _link(self.path, self.path.with_name(f'{self.fname}-fit{self.fit_number}.pth'))
+        if any_rank(self.signum is not None)[0]: self._preempted()
 
     def after_fit_exception(self, exc): self._end()
 
@@ -83,8 +88,8 @@ class CheckpointCB(Callback):
         return self.learn.path/self.learn.model_dir/f'{self.fname}.pth'
 
     def save(self):
-        "Write a checkpoint now, as the newest, keeping `keep` in all"
-        if self.keep > 1 and self.path.exists():
+        "Write a checkpoint now, as the newest, keeping `keep` in all (every rank calls it; rank 0 writes the files)"
+        if self.keep > 1 and rank_distrib() == 0 and self.path.exists():
             for i in range(self.keep - 1, 1, -1):
                 older = self.path.with_name(f'{self.fname}.{i-1}.pth')
                 if older.exists(): os.replace(older, self.path.with_name(f'{self.fname}.{i}.pth'))
@@ -102,7 +107,7 @@ class CheckpointCB(Callback):
             self.learn.load(done.stem, with_opt=self.with_opt)
             repro = self.learn.repro_cb  # the Recorder shows the fit, as after a fit
             if repro.pending['recorder'] is not None: set_recorder_state(self.learn.recorder, repro.pending['recorder'], 'cpu')
-            print(f"fastrepro: fit {n} ({n_epoch} epochs) was completed by an earlier run; its end state is loaded from {done}.")
+            _tell(f"fastrepro: fit {n} ({n_epoch} epochs) was completed by an earlier run; its end state is loaded from {done}.")
             return None
         if not self.path.exists(): return start_epoch
         info = checkpoint_info(self.path)
@@ -114,7 +119,7 @@ class CheckpointCB(Callback):
             return start_epoch  # this fit had not written a checkpoint yet
         self._check(info, n_epoch)
         self.learn.load(self.fname, with_opt=self.with_opt)
-        print(f"fastrepro: fit {n} continues where an earlier run stopped it: epoch {info['start_epoch']}, "
+        _tell(f"fastrepro: fit {n} continues where an earlier run stopped it: epoch {info['start_epoch']}, "
               f"after {info['batch']} batch(es), from {self.path}.")
         return info['start_epoch']
 
@@ -130,18 +135,19 @@ class CheckpointCB(Callback):
             raise ResumeError(f"{info['path']} belongs to a {info['n_epoch']}-epoch fit, and this fit has {n_epoch}: the "
                               "script is not the one that wrote it. Delete the checkpoints to start over.")
 
-    def _due(self) -> bool:
-        return bool((self.every_iters and self.learn.train_iter % self.every_iters == 0) or
-                    (self.every_secs is not None and time.monotonic() - self._last >= self.every_secs))
+    def _late(self) -> bool:
+        "Is a checkpoint due by the clock? (rank 0's: the ranks' clocks differ)"
+        return self.every_secs is not None and rank_distrib() == 0 and time.monotonic() - self._last >= self.every_secs
 
     def _preempted(self):
         "Write a checkpoint and end the process with the status of the signal received"
         self.save()
-        name, pos = signal.Signals(self.signum).name, self.learn.repro_cb.position
+        signum = self.signum or signal.SIGTERM  # a rank that did not receive the signal ends as the one that did
+        name, pos = signal.Signals(signum).name, self.learn.repro_cb.position
         where = f"epoch {pos.epoch}, after {pos.batch} of {len(self.dls.train)} batches" if pos.batch else f"before epoch {pos.epoch}"
-        print(f"fastrepro: {name}: checkpoint written at {where} to {self.path}; exiting with status "
-              f"{SIGNAL_EXIT_BASE + self.signum}. Run the script again to continue.", file=sys.stderr, flush=True)
-        raise SystemExit(SIGNAL_EXIT_BASE + self.signum)
+        _tell(f"fastrepro: {name}: checkpoint written at {where} to {self.path}; exiting with status "
+              f"{SIGNAL_EXIT_BASE + signum}. Run the script again to continue.", file=sys.stderr, flush=True)
+        raise SystemExit(SIGNAL_EXIT_BASE + signum)
 
     def _install(self):
         if threading.current_thread() is not threading.main_thread():

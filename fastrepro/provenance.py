@@ -13,11 +13,13 @@ from pathlib import Path
 from fastcore.basics import *
 import fastrepro
 from .rng import deterministic_switches
+from .core import all_gather
 
 # %% auto #0
 __all__ = ['MAX_FILES_SHOWN', 'RACY_SECONDS', 'BIT_IDENTITY_FIELDS', 'PATCH_ZLIB_LEVEL', 'DirtyTreeError', 'ProvenanceWarning',
            'git_info', 'git_patch', 'check_clean', 'installed_packages', 'packages_hash', 'numeric_switches',
-           'environment_info', 'env_diff', 'run_provenance', 'pack_git', 'unpack_git']
+           'environment_info', 'env_diff', 'run_provenance', 'RankMismatchError', 'check_ranks_agree', 'pack_git',
+           'unpack_git']
 
 # %% ../nbs/10_provenance.ipynb #9454b67c
 class DirtyTreeError(RuntimeError):
@@ -258,6 +260,24 @@ def run_provenance(path='.', # a directory inside the repository of the code tha
     env = environment_info()
     return dict(commit=info['commit'], dirty=info['dirty'], patch=None if patch is None else _decode(patch), git=info,
                 env=env, env_hash=env['env_hash'])
+
+# %% ../nbs/10_provenance.ipynb #7dc8cfba
+class RankMismatchError(RuntimeError):
+    "The processes of a distributed run do not all run the same code in the same environment"
+
+def check_ranks_agree(prov:dict, # this process's `run_provenance`
+                     ) -> list:
+    "Raise `RankMismatchError` when a rank records other code or another environment than rank 0; all the records"
+    mine = dict(commit=prov['commit'], diff_hash=prov['git']['diff_hash'], env=prov['env'])
+    ranks, bad = all_gather(mine), []
+    for r, o in enumerate(ranks[1:], 1):
+        diff = {k: (ranks[0][k], o[k]) for k in ('commit', 'diff_hash') if o[k] != ranks[0][k]}
+        diff.update(env_diff(ranks[0]['env'], o['env']))
+        if diff: bad.append(f"rank {r}: " + '; '.join(f"{k} {b} (rank 0: {a})" for k, (a, b) in diff.items()))
+    if bad: raise RankMismatchError(f"The processes of this distributed run differ ({' | '.join(bad)}): each would train "
+                                    "with other code or numerics, and no single environment reproduces the result. Run "
+                                    "the same commit with the same packages on every node.")
+    return ranks
 
 # %% ../nbs/10_provenance.ipynb #206ec647
 PATCH_ZLIB_LEVEL = 6  # zlib's default: text diffs shrink 4-10x

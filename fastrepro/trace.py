@@ -41,7 +41,7 @@ class Trace:
         "Record iteration `it` (`learn.train_iter`) of epoch `epoch` of fit `fit`, whose training loss is `loss`"
         self.fit.append(fit); self.epoch.append(epoch); self.iter.append(it); self._unflushed.append(loss.detach())
         if self.every and it % self.every == 0:
-            names, params = zip(*[(n, p.detach()) for n, p in model.named_parameters()])
+            names, params = zip(*[(n, p.detach()) for n, p in get_model(model).named_parameters()])  # unwrapped (DDP)
             self.param_names = list(names)
             self.norm_rows.append(len(self.fit)-1); self.norms.append(torch.stack(torch._foreach_norm(params)).float())
 

@@ -82,9 +82,11 @@ def test_killed_twice_in_one_epoch(lm_ref, tmp_path):
     n_iter = len(ref.trace)//N_EPOCH
     job = Job('lm', ref_job.df, tmp_path, stages=ref_job.stages, every_iters=EVERY)
     spec = job.write()
+    second = EVERY*((n_iter + 1)//EVERY + 1)  # a periodic checkpoint later in the same epoch
+    assert n_iter + 1 < second < 2*n_iter
     run(spec, 'preempt', stopped(signal.SIGTERM), kill=(n_iter + 1, signal.SIGTERM))
-    run(spec, 'resume', stopped(signal.SIGKILL), checkpoint='checkpoint', kill=(n_iter + EVERY, signal.SIGKILL))
-    assert checkpoint_info(job.path/'models'/'checkpoint.pth')['iteration'] == n_iter + EVERY
+    run(spec, 'resume', stopped(signal.SIGKILL), checkpoint='checkpoint', kill=(second, signal.SIGKILL))
+    assert checkpoint_info(job.path/'models'/'checkpoint.pth')['iteration'] == second
     run(spec, 'resume', checkpoint='checkpoint', record='twice.pt')
     check_same(job, ref, 'twice.pt')
 
@@ -119,7 +121,7 @@ def test_trackers_take_the_same_decisions(texts, tmp_path):
     spec = job.write()
     run(spec, 'reference')
     ref, ref_tr = record(job, 'reference.pt'), torch.load(job.path/'reference.pt-trackers.pt')
-    assert ref_tr['lrs'][-1] < LR  # ReduceLROnPlateau did lower the rate
+    assert ref_tr['lrs'][-1] < LR/50  # lowered twice or more: also at or after epoch 2, where the resumed fits start
     run(spec, 'cancel', stop_epoch=1)
     run(spec, 'resume', checkpoint='cancel', record='epoch.pt')
     n_iter = len(ref.trace)//4
