@@ -173,13 +173,15 @@ def diff_command(args):
          arg('--seeds', type=int, default=3, metavar='N', help='seeds per arm of the baseline-vs-variant comparison (default: 3)'),
          arg('--data', metavar='CSV', help="a CSV of labelled texts: 'text' and 'label' columns, optionally 'is_valid' "
                                             "(default: fastai's IMDB sample)"),
-         arg('--out', default='fastrepro-demo', metavar='DIR', help='folder for report.md, report.json and the plots (default: fastrepro-demo)'))
+         arg('--out', default='fastrepro-demo', metavar='DIR', help='folder for report.md, report.json and the plots (default: fastrepro-demo)'),
+         arg('--workers', type=int, default=0, metavar='N', help='processes that train the seeds of the comparison side by side '
+                                                               '(default: 0, one after another in this process)'))
 def demo_command(args):
     "Run the ULMFiT reproducibility demo: same seed same bits, kill and resume, fp16 loss scale, a hidden draw found, a change over seeds, the fast loop"
     with warnings.catch_warnings():
         warnings.simplefilter('ignore', FutureWarning)  # deprecation notices of fastai's own imports, not the user's to act on
         from fastrepro.demo import run_demo  # imports torch and fastai: only for this command
-    return run_demo(args.profile, n_seeds=args.seeds, data=args.data, out=args.out)
+    return run_demo(args.profile, n_seeds=args.seeds, data=args.data, out=args.out, workers=args.workers)
 
 # %% ../nbs/14_cli.ipynb #3a627a64
 if __name__ == '__main__': sys.exit(main())

@@ -8,6 +8,8 @@ Docs: https://fastrepro.github.io/fastrepro/demo.html.md"""
 from __future__ import annotations
 import os, sys, json, time, shutil, socket, signal, random, hashlib, warnings, functools, traceback, subprocess, dataclasses, textwrap
 from contextlib import contextmanager
+from concurrent.futures import ProcessPoolExecutor
+import multiprocessing
 from dataclasses import dataclass, field
 from collections import namedtuple
 from functools import partial
@@ -31,8 +33,8 @@ from .jobs import Job, job_process, job_error, STOP_EPOCH, RESUME_SEED_OFFSET
 __all__ = ['SEED', 'N_SEEDS', 'CPU_THREADS', 'STRAY_ITER', 'FP16_INIT_SCALE', 'FP16_GROWTH_INTERVAL', 'FP16_CPU_EPOCHS',
            'VARIANT_DROP_MULT', 'VARIANT_WD', 'METRIC', 'EXIT_FAILED', 'DEMO_CHECKS', 'CheckResult', 'demo_check',
            'cpu_threads', 'ULMFiTRun', 'Demo', 'check_same_seed', 'check_resume', 'check_fp16', 'StrayDraw',
-           'check_nondeterminism', 'arms', 'check_variants', 'profile_table', 'module_types', 'check_fast_loop',
-           'format_table', 'report_markdown', 'run_demo']
+           'check_nondeterminism', 'arms', 'train_arm', 'seed_pool', 'check_variants', 'profile_table', 'module_types',
+           'check_fast_loop', 'format_table', 'report_markdown', 'run_demo']
 
 # %% ../nbs/16_demo.ipynb #8b6f2714
 SEED = 42                # the demo's run seed
@@ -112,8 +114,11 @@ class Demo:
         seed:int=SEED, # the run seed
         threads:int|None=CPU_THREADS, # torch CPU threads of the runs (None: leave as is)
         progress:bool=True, # show fastai-style progress bars
+        workers:int=0, # processes that train check 5's seeds side by side (0: one after another in this process)
     ):
         self.profile, self.seed, self.threads, self.progress, self.data = get_profile(profile), seed, threads, progress, data
+        if workers < 0: raise ValueError(f"workers={workers}: give a number of processes, or 0 to run here.")
+        self.workers = workers
         if n_seeds < 2: raise ValueError(f"n_seeds={n_seeds}: comparing over seeds needs at least 2 per arm (better {MIN_SEEDS}).")
         self.n_seeds, self.out = n_seeds, Path(out)
         if self.out.exists() and not self.out.is_dir(): raise ValueError(f"{self.out} exists and is not a folder: pass another --out.")
@@ -163,10 +168,10 @@ class Demo:
         ref = self.reference
         return ulmfit_classifier(self.df, ref.vocab, self.profile, self.seed if seed is None else seed, ref.path, **kwargs)
 
-    def arm_metrics(self, seed:int, **change) -> dict:
-        "Train the classifier of one arm of check 5 with `seed`; its final metrics"
-        learn = train_classifier(self._classifier(seed=seed, **change), self.profile)
-        return dict(zip(learn.recorder.metric_names[1:-1], learn.recorder.values[-1]))
+    def arm(self, **change):
+        "Check 5's `train_fn(seed)` for the arm `change`; a picklable function, so its seeds can run in other processes"
+        ref = self.reference
+        return partial(train_arm, self.df, ref.vocab, self.profile, ref.path, **change)
 
     def run(self, checks=None, # the checks to run (default: `DEMO_CHECKS`, all six)
            ) -> list:
@@ -320,12 +325,31 @@ def _plot_arms(runs:pd.DataFrame, metric:str=METRIC):
 
 def _jsonable(df:pd.DataFrame) -> list: return json.loads(df.reset_index().to_json(orient='records'))
 
+# %% ../nbs/16_demo.ipynb #392934ab
+def train_arm(df:pd.DataFrame, vocab:list, profile:Profile, path:Path, # the demo's data and run A's vocabulary and folder
+              seed:int, # the arm's run seed
+              **change, # the arm's `ulmfit_classifier` arguments
+             ) -> dict:
+    "Train the classifier of one arm of check 5 with `seed`, on run A's encoder; its final metrics"
+    learn = train_classifier(ulmfit_classifier(df, vocab, profile, seed, path, **change), profile)
+    return dict(zip(learn.recorder.metric_names[1:-1], learn.recorder.values[-1]))
+
+@contextmanager
+def seed_pool(workers:int): # processes (0: none)
+    "A pool of `workers` fresh processes (spawned: nothing of this process's state leaks in) for `repeat`; None for 0"
+    if not workers:
+        yield None
+        return
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context('spawn')) as ex: yield ex
+
 # %% ../nbs/16_demo.ipynb #6896bcd1
 @demo_check('change over seeds')
 def check_variants(demo:Demo):
     "Check 5: baseline vs `drop_mult` over several seeds (`compare`), the A/B/A+B `ablation`, and `seeds_needed`"
     seeds, arm_kw = [demo.seed + i for i in range(demo.n_seeds)], arms()
-    runs = demo._steps([(f'{name}, {len(seeds)} seeds', partial(repeat, partial(demo.arm_metrics, **kw), seeds)) for name, kw in arm_kw.items()])
+    with seed_pool(demo.workers) as ex:
+        runs = demo._steps([(f'{name}, {len(seeds)} seeds', partial(repeat, demo.arm(**kw), seeds, executor=ex))
+                            for name, kw in arm_kw.items()])
     runs = pd.concat([r.assign(arm=name) for name, r in zip(arm_kw, runs)], ignore_index=True)
     v = [runs.loc[runs.arm == name, METRIC].to_numpy() for name in arm_kw]
     names = list(arm_kw)
@@ -421,10 +445,11 @@ def run_demo(profile:str='fast', # 'test', 'fast' or 'full'
              out='fastrepro-demo', # the output folder
              seed:int=SEED, # the run seed
              progress:bool=True, # fastai-style progress bars
+             workers:int=0, # processes that train check 5's seeds side by side (0: this process)
             ) -> int:
     "Run every check, print the report table, write `report.md`, `report.json` and the plots to `out`; 0 when all passed, else `EXIT_FAILED`"
     t0 = time.perf_counter()
-    demo = Demo(profile, n_seeds, data, out, seed, progress=progress)
+    demo = Demo(profile, n_seeds, data, out, seed, progress=progress, workers=workers)
     results = demo.run()
     md, _ = demo.write_report(results)
     print(f"\n{format_table(results)}\n\nfastrepro demo, profile {demo.profile.name}: {sum(r.passed for r in results)}/{len(results)} "

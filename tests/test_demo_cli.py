@@ -81,6 +81,7 @@ def test_too_little_text(csv, tmp_path):
 def test_bad_arguments(tmp_path):
     assert_user_error(demo('--profile', 'huge', '--out', tmp_path/'o'), "Unknown profile 'huge'")
     assert_user_error(demo('--profile', 'test', '--seeds', '1', '--out', tmp_path/'o'), 'at least 2')
+    assert_user_error(demo('--profile', 'test', '--workers', '-1', '--out', tmp_path/'o'), 'workers=-1')
     (tmp_path/'file').write_text('x')
     assert_user_error(demo('--profile', 'test', '--out', tmp_path/'file'), 'is not a folder')
 
