@@ -86,9 +86,10 @@ def _run_seed(train_fn, seed:int, threads:int, deterministic:bool, with_env:bool
 def _check_sendable(train_fn, executor:Executor):
     "Refuse early, and clearly, a `train_fn` that the worker processes of a process pool cannot load"
     if not isinstance(executor, ProcessPoolExecutor): return  # Dask and submitit send functions by value
-    main = sys.modules.get('__main__')
-    if getattr(train_fn, '__module__', None) == '__main__' and not getattr(main, '__file__', None):
-        raise TypeError(f"train_fn {getattr(train_fn, '__name__', train_fn)!r} is defined in a notebook or "
+    main, fn = sys.modules.get('__main__'), train_fn
+    while isinstance(fn, partial): fn = fn.func  # a partial pickles its function by name too
+    if getattr(fn, '__module__', None) == '__main__' and not getattr(main, '__file__', None):
+        raise TypeError(f"train_fn {getattr(fn, '__name__', fn)!r} is defined in a notebook or "
                         "interactive session, which a process pool's workers cannot import. Move it to a .py module, "
                         "or run the seeds here (executor=None) or on Dask, which sends functions by value.")
     try: pickle.dumps(train_fn)
@@ -194,7 +195,7 @@ def repeat(train_fn, # called as `train_fn(seed)`, returns a dict of final metri
     if error is not None:
         if executor is not None: error.add_note(f"train_fn raised this in a worker process:\n{trace}")
         raise error
-    res = pd.DataFrame([rows[s] for s in seeds if s in rows])
+    res = pd.DataFrame([rows[s] for s in seeds if s in rows], columns=None if rows else ['seed'])
     if lost:
         why = ', '.join(f"{t} for seeds {ss}" for t, ss in groupby(lost, lambda s: type(lost[s]).__name__).items())
         again = ("Their failed records are in the ledger; run the same `repeat` call again to run only the seeds "
