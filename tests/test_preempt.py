@@ -46,7 +46,8 @@ def preempt_and_resume(job, ref, it, sig, name):
     spec = job.write()
     run(spec, 'preempt', stopped(sig), kill=(it, sig))
     info, n_iter = checkpoint_info(job.path/'models'/'checkpoint.pth'), len(ref.trace)//N_EPOCH
-    epoch, batch = divmod(it, n_iter) if it % n_iter else (it//n_iter - 1, n_iter)  # an epoch's last batch: before its validation
+    # an epoch's last batch: before its validation
+    epoch, batch = divmod(it, n_iter) if it % n_iter else (it//n_iter - 1, n_iter)
     assert (info['start_epoch'], info['batch'], info['iteration']) == (epoch, batch, it), (info, it)
     run(spec, 'resume', checkpoint='checkpoint', record=name)
     check_same(job, ref, name)
