@@ -1,4 +1,5 @@
-"""Shared fixtures and helpers: the IMDB sample under a temporary FASTAI_HOME (nothing is downloaded), the command line in
+"""Shared fixtures and helpers: the IMDB sample under a temporary \
+FASTAI_HOME (nothing is downloaded), the command line in
 a fresh process, and bit-for-bit model comparison."""
 import os, shutil, subprocess, sys
 from pathlib import Path

@@ -1,4 +1,5 @@
-"""End to end tests of `fastrepro demo`: the test profile's whole demo in a fresh process (report files, exit code 0, every
+"""End to end tests of `fastrepro demo`: the test profile's \
+whole demo in a fresh process (report files, exit code 0, every
 check passed), and input it cannot use (exit code 2, one clear message, no traceback)."""
 import json
 import pandas as pd

@@ -1,8 +1,11 @@
-"""The docs, offline: `nbdev-proc-nbs` processes the notebooks into `_proc/` (what quarto would render), nbconvert renders
-HTML pages from the processed notebooks, and headless Chromium loads them: the ReproCB page shows its signature, the demo
+"""The docs, offline: `nbdev-proc-nbs` processes the notebooks \
+into `_proc/` (what quarto would render), nbconvert renders
+HTML pages from the processed notebooks, and headless Chromium \
+loads them: the ReproCB page shows its signature, the demo
 page shows its plots. Screenshots go to /tmp/fastrepro_docs_*.png.
 
-Skipped, with the reason, when Debian's `chromium` (`apt-get install -y chromium`) or nbconvert (`pip install nbconvert`,
+Skipped, with the reason, when Debian's `chromium` (`apt-get \
+install -y chromium`) or nbconvert (`pip install nbconvert`,
 in the dev extras) is missing. `nbdev-docs` builds the full site where quarto is installed; it is not needed here."""
 import ast, html, json, re, shutil, subprocess, sys
 import yaml
@@ -39,8 +42,10 @@ window.addEventListener('load', () => {
   const h = decodeURIComponent(location.hash.slice(1));
   let target = null;
   if (h.startsWith('img-')) target = imgs[+h.slice(4)];
-  if (h.startsWith('sig-')) target = [...document.querySelectorAll('pre')].find(p => new RegExp(h.slice(4) + '\\\\(\\\\s*seed').test(p.textContent));
-  if (target) {  // bring it to the top of the screenshot: hide the cells between the page's first cell and the one before it
+  if (h.startsWith('sig-')) target = [...document.querySelectorAll('pre')].find(p => \
+new RegExp(h.slice(4) + '\\\\(\\\\s*seed').test(p.textContent));
+  if (target) {  // bring it to the top of the screenshot: hide \
+the cells between the page's first cell and the one before it
     const cells = [...document.querySelectorAll('.jp-Cell')], i = cells.indexOf(target.closest('.jp-Cell'));
     cells.forEach((c, j) => { if (j > 0 && j < i - 1) c.style.display = 'none'; });
   }
