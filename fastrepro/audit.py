@@ -48,22 +48,24 @@ def _describe_rnn(name:str, m:nn.Module) -> str:
     return f"`{name or '(the model itself)'}` ({type(m).__name__}, num_layers={m.num_layers}, dropout={m.dropout})"
 
 # %% ../nbs/08_audit.ipynb #af30eb25
-_RNN_DROPOUT_WHY = ("On CUDA, cuDNN draws that dropout from a random state it creates once and caches: `torch.manual_seed` "
-                    "does not reset it, `cudnn.deterministic` does not cover it and no checkpoint captures it, so the "
-                    "dropout masks differ between same-seed runs and after a resume.")
+_RNN_DROPOUT_WHY = ("On CUDA, cuDNN draws that dropout from a random state it creates once and caches: "
+                    "`torch.manual_seed` does not reset it, `cudnn.deterministic` does not cover it and no checkpoint "
+                    "captures it, so the dropout masks differ between same-seed runs and after a resume.")
 _RNN_DROPOUT_FIX = ("Fix: `fix_rnn_dropout(model)` rebuilds each as single-layer RNNs with `nn.Dropout` between them "
                     "(AWD-LSTM's way), keeping the weights; do it before creating the Learner.")
 
 def audit_model(model:nn.Module, # the model to audit
-                device_type:str|None='cpu', # where it trains: 'cpu', 'cuda', 'cuda:1', a `torch.device`; None: where its parameters are
+                device_type:str|None='cpu', # where it trains ('cuda:1', a `torch.device`); None: where its weights are
                 allow_cudnn_rnn_dropout:bool=False, # on CUDA, warn instead of raising on cuDNN's RNN dropout
                 warn:bool=True, # emit the findings as one `NondeterminismWarning` (when not raising)
                ) -> list[str]:
-    "Find cuDNN's built-in RNN dropout in `model`: an error on CUDA unless allowed, a warning elsewhere; returns the findings"
+    ("Find cuDNN's built-in RNN dropout in `model`: an error on CUDA unless allowed, a warning elsewhere; "
+     "returns the findings")
     modules = [_describe_rnn(n, m) for n, m in _rnn_dropout_modules(model)]
     if not modules: return []
     on_cuda = _device_type(model, device_type) == CUDNN_DEVICE
-    where = "" if on_cuda else "On this device the dropout draws from torch's generator, but the same model trained on CUDA would not. "
+    where = ("" if on_cuda else "On this device the dropout draws from torch's generator, but the same model trained "
+             "on CUDA would not. ")
     msg = f"Multi-layer RNN dropout in {', '.join(modules)}. {where}{_RNN_DROPOUT_WHY} {_RNN_DROPOUT_FIX}"
     if on_cuda and not allow_cudnn_rnn_dropout:
         raise NondeterminismError(f"{msg} To accept the nondeterminism instead, pass `allow_cudnn_rnn_dropout=True`.")
@@ -74,19 +76,22 @@ def audit_model(model:nn.Module, # the model to audit
 _RNN_KEY = re.compile(r'^(weight|bias)_(ih|hh|hr)_l(\d+)(_reverse)?$')
 
 def _stacked_key(key:str) -> str:
-    "The `StackedRNN` name of parameter `key` of a multi-layer RNN, e.g. `weight_ih_l1_reverse` -> `layers.1.weight_ih_l0_reverse`"
+    ("The `StackedRNN` name of parameter `key` of a multi-layer RNN, "
+     "e.g. `weight_ih_l1_reverse` -> `layers.1.weight_ih_l0_reverse`")
     m = _RNN_KEY.match(key)
     return key if m is None else f"layers.{m[3]}.{m[1]}_{m[2]}_l0{m[4] or ''}"
 
 # %% ../nbs/08_audit.ipynb #5818c217
-_RNN_OPTIONS = ('mode', 'input_size', 'hidden_size', 'bias', 'batch_first', 'bidirectional', 'proj_size')  # shared by all layers
+# shared by all layers
+_RNN_OPTIONS = ('mode', 'input_size', 'hidden_size', 'bias', 'batch_first', 'bidirectional', 'proj_size')
 
 class StackedRNN(Module):
     "Single-layer RNNs with `nn.Dropout` between them; the interface of the multi-layer `nn.LSTM/GRU/RNN` it replaces"
     def __init__(self, layers:list, # single-layer `nn.LSTM`, `nn.GRU` or `nn.RNN`s of one type, bottom first
                  dropout:float=0., # dropout probability between layers, as `nn.LSTM(dropout=...)`
                 ):
-        self.layers, self.drop, self.dropout, self.num_layers = nn.ModuleList(layers), nn.Dropout(dropout), dropout, len(layers)
+        self.layers, self.drop, self.dropout, self.num_layers = (nn.ModuleList(layers), nn.Dropout(dropout), dropout,
+                                                                 len(layers))
         for a in _RNN_OPTIONS: setattr(self, a, getattr(layers[0], a))
 
     @property
@@ -102,7 +107,8 @@ class StackedRNN(Module):
         return x._replace(data=self.drop(x.data)) if isinstance(x, PackedSequence) else self.drop(x)
 
     def forward(self, input, hx=None):
-        "As the multi-layer module's `forward`: output, and the final states stacked as `(num_layers*num_directions, B, H)`"
+        ("As the multi-layer module's `forward`: output, and the final states stacked as "
+         "`(num_layers*num_directions, B, H)`")
         out, finals = input, []
         for i, layer in enumerate(self.layers):
             if i > 0: out = self._drop(out)
@@ -126,20 +132,23 @@ class StackedRNN(Module):
 def _layer_options(rnn:nn.Module) -> tuple:
     "The class and the type-specific constructor options of `rnn`'s layers"
     cls = next(c for c in _RNN_TYPES if isinstance(rnn, c))
-    extra = dict(proj_size=rnn.proj_size) if cls is nn.LSTM else dict(nonlinearity=rnn.nonlinearity) if cls is nn.RNN else {}
+    extra = (dict(proj_size=rnn.proj_size) if cls is nn.LSTM else dict(nonlinearity=rnn.nonlinearity) if cls is nn.RNN
+             else {})
     return cls, extra
 
 def split_rnn_dropout(rnn:nn.Module, # a multi-layer `nn.LSTM`, `nn.GRU` or `nn.RNN`
                      ) -> StackedRNN:
     "Rebuild `rnn` as stacked single-layer RNNs with explicit `nn.Dropout` between them, sharing its parameters"
     if not isinstance(rnn, _RNN_TYPES):
-        raise TypeError(f"`split_rnn_dropout` rebuilds `nn.LSTM`, `nn.GRU` and `nn.RNN` modules, not {type(rnn).__name__}.")
+        raise TypeError(f"`split_rnn_dropout` rebuilds `nn.LSTM`, `nn.GRU` and `nn.RNN` modules, "
+                        f"not {type(rnn).__name__}.")
     cls, extra = _layer_options(rnn)
     out_size = (2 if rnn.bidirectional else 1) * (rnn.proj_size or rnn.hidden_size)
     layers = []
     for i in range(rnn.num_layers):
-        layer = cls(rnn.input_size if i == 0 else out_size, rnn.hidden_size, 1, bias=rnn.bias, batch_first=rnn.batch_first,
-                    bidirectional=rnn.bidirectional, device='meta', **extra)  # no memory, no random draws: the weights come next
+        # no memory, no random draws: the weights come next
+        layer = cls(rnn.input_size if i == 0 else out_size, rnn.hidden_size, 1, bias=rnn.bias,
+                    batch_first=rnn.batch_first, bidirectional=rnn.bidirectional, device='meta', **extra)
         for name in layer._flat_weights_names: setattr(layer, name, getattr(rnn, name.replace('_l0', f'_l{i}', 1)))
         layer.flatten_parameters()
         layers.append(layer)
@@ -165,10 +174,11 @@ def _switch_findings(sw:dict) -> list[str]:
     "What in the switches `sw` lets results vary from run to run"
     res = []
     if sw['cudnn_benchmark']:
-        res.append("`torch.backends.cudnn.benchmark` is on: cuDNN times several algorithms for each new input shape and "
-                   "keeps the fastest, which can change from run to run. Turn it off (`seed_everything` does).")
+        res.append("`torch.backends.cudnn.benchmark` is on: cuDNN times several algorithms for each new input shape "
+                   "and keeps the fastest, which can change from run to run. Turn it off (`seed_everything` does).")
     if not sw['deterministic_algorithms']:
-        cudnn = ("", "") if sw['cudnn_deterministic'] else (", and so is `torch.backends.cudnn.deterministic`", ", cuDNN convolutions")
+        cudnn = (("", "") if sw['cudnn_deterministic']
+                 else (", and so is `torch.backends.cudnn.deterministic`", ", cuDNN convolutions"))
         res.append(f"Nondeterministic algorithms are allowed (`torch.use_deterministic_algorithms` is off{cudnn[0]}): "
                    f"some CUDA kernels (e.g. `index_add_`, `scatter_add_`, embedding backward{cudnn[1]}) add in "
                    "an order that changes from run to run. `seed_everything(seed)` switches them off.")
@@ -176,8 +186,8 @@ def _switch_findings(sw:dict) -> list[str]:
         res.append("Deterministic algorithms only warn (`warn_only=True`): a nondeterministic kernel runs anyway, "
                    "with a warning, instead of stopping the run.")
     elif not sw.get('cublas_workspace_config'):
-        res.append("`CUBLAS_WORKSPACE_CONFIG` is unset: with deterministic algorithms on, cuBLAS calls on CUDA will raise. "
-                   "`seed_everything` sets it (it must be set before CUDA starts).")
+        res.append("`CUBLAS_WORKSPACE_CONFIG` is unset: with deterministic algorithms on, cuBLAS calls on CUDA will "
+                   "raise. `seed_everything` sets it (it must be set before CUDA starts).")
     return res
 
 # %% ../nbs/08_audit.ipynb #27baa5a7
@@ -192,14 +202,14 @@ def _recorded_findings(sw:dict, recorded:dict|None, num_threads:int|None, record
     if recorded_threads is not None:
         n = torch.get_num_threads() if num_threads is None else num_threads
         if n != recorded_threads:
-            res.append(f"torch uses {n} CPU threads but the run was recorded with {recorded_threads}: CPU kernels split "
-                       "sums and matrix products by thread, so results can round differently. "
+            res.append(f"torch uses {n} CPU threads but the run was recorded with {recorded_threads}: CPU kernels "
+                       "split sums and matrix products by thread, so results can round differently. "
                        f"`torch.set_num_threads({recorded_threads})` restores the recorded count.")
     return res
 
 def audit_switches(switches:dict|None=None, # from `deterministic_switches()`; None reads the switches in force now
                    recorded:dict|None=None, # the switches the run was recorded with, when resuming
-                   num_threads:int|None=None, # torch's CPU thread count now; None reads it when `recorded_threads` is given
+                   num_threads:int|None=None, # torch's thread count now; None reads it when `recorded_threads` is given
                    recorded_threads:int|None=None, # the thread count the run was recorded with
                    warn:bool=True, # emit the findings as one `NondeterminismWarning`
                   ) -> list[str]:
@@ -223,8 +233,9 @@ def audit_resume(saved:dict, # the provenance a checkpoint recorded: `env`, `git
                         + '; '.join(f"{k}: {a} -> {b}" for k, (a, b) in diff.items()))
     (c0, p0), (c1, p1) = (((g or {}).get('commit'), (g or {}).get('diff_hash')) for g in (saved['git'], current['git']))
     if (c0, p0) != (c1, p1):
-        res.append(f"The checkpoint was written by other code (commit {c0} {'+ patch ' + p0[:12] if p0 else ''}) than this "
-                   f"fit runs (commit {c1} {'+ patch ' + p1[:12] if p1 else ''}): the resumed run is not the interrupted one.")
+        res.append(f"The checkpoint was written by other code (commit {c0} {'+ patch ' + p0[:12] if p0 else ''}) "
+                   f"than this fit runs (commit {c1} {'+ patch ' + p1[:12] if p1 else ''}): the resumed run is not "
+                   "the interrupted one.")
     if saved['device'] != current['device']:
         res.append(f"The checkpoint was written on {saved['device']} and this fit runs on {current['device']}: other "
                    "devices run other kernels, so the resumed run differs from the uninterrupted one.")

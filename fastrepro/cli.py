@@ -79,10 +79,12 @@ def _lines(d:dict, indent:int=2) -> list:
 def _env_text(env:dict, git:dict) -> str:
     head = [f"environment (env_hash {env['env_hash'][:12]})"] + _lines({k:v for k,v in env.items() if k != 'env_hash'})
     if not git['is_repo']: return '\n'.join(head + ['git: not a git repository'])
-    return '\n'.join(head + [f"git ({git['root']})"] + _lines({k:v for k,v in git.items() if k not in ('is_repo', 'root')}))
+    return '\n'.join(head + [f"git ({git['root']})"]
+                     + _lines({k:v for k,v in git.items() if k not in ('is_repo', 'root')}))
 
 @command('env', arg('--json', action='store_true', help='print JSON instead of text'),
-         arg('--path', default='.', help='a directory inside the git repository to describe (default: the current one)'))
+         arg('--path', default='.',
+             help='a directory inside the git repository to describe (default: the current one)'))
 def env_command(args):
     "Print the environment fingerprint of this machine and the git state of the current directory"
     from fastrepro.provenance import environment_info, git_info  # imports torch: only for this command
@@ -114,7 +116,8 @@ def _jsonable(v):
 
 # %% ../nbs/14_cli.ipynb #16c7b7af
 @command('runs', LEDGER_ARG, arg('--experiment', help='only this experiment'),
-         arg('--variant', help='only this variant'), arg('--status', choices=STATUSES, help='only runs with this status'),
+         arg('--variant', help='only this variant'),
+         arg('--status', choices=STATUSES, help='only runs with this status'),
          arg('--json', action='store_true', help='print all fields as JSON'))
 def runs_command(args):
     "List the runs recorded in a ledger, oldest first"
@@ -140,19 +143,23 @@ COMPARE_NEEDS = ('experiment', 'baseline', 'variant', 'metric')  # what a compar
          arg('--lower-is-better', action='store_true', help='the metric is a loss or an error rate'),
          arg('--best', action='store_true', help="compare the runs' best instead of final metric values"),
          arg('--alpha', type=float, default=0.05, help='significance level (default: 0.05)'),
-         arg('--max-baseline-age', metavar='AGE', help="warn when the baseline ran longer than AGE (e.g. '30 days') before"),
-         arg('--fail-on-regression', action='store_true', help=f'exit with code {EXIT_REGRESSION} when the verdict is a regression'),
+         arg('--max-baseline-age', metavar='AGE',
+             help="warn when the baseline ran longer than AGE (e.g. '30 days') before"),
+         arg('--fail-on-regression', action='store_true',
+             help=f'exit with code {EXIT_REGRESSION} when the verdict is a regression'),
          arg('--json', action='store_true', help='print the result as JSON'))
 def compare_command(args):
     "Test whether a variant of an experiment differs from its baseline, over the completed runs in a ledger"
     missing = [f'--{k}' for k in COMPARE_NEEDS if getattr(args, k) is None]
     if missing:
         raise CLIError(f"a comparison needs an experiment, a baseline variant, a variant and a metric; missing: "
-                       f"{' '.join(missing)}. `fastrepro runs` lists the experiments, variants and metrics a ledger holds, "
-                       "e.g. `fastrepro compare --experiment imdb --baseline baseline --variant mixup --metric accuracy`.")
+                       f"{' '.join(missing)}. `fastrepro runs` lists the experiments, variants and metrics a ledger "
+                       "holds, e.g. `fastrepro compare --experiment imdb --baseline baseline --variant mixup "
+                       "--metric accuracy`.")
     ledger = open_ledger(args.ledger)
     r = ledger.compare(args.metric, dict(experiment=args.experiment, variant=args.baseline),
-                       dict(experiment=args.experiment, variant=args.variant), higher_is_better=not args.lower_is_better,
+                       dict(experiment=args.experiment, variant=args.variant),
+                       higher_is_better=not args.lower_is_better,
                        max_baseline_age=args.max_baseline_age, which='best' if args.best else 'final', alpha=args.alpha)
     print(json.dumps(r.to_dict(), indent=1) if args.json else repr(r))
     if args.fail_on_regression and r.verdict == 'regression': return EXIT_REGRESSION
@@ -168,18 +175,24 @@ def diff_command(args):
     return code
 
 # %% ../nbs/14_cli.ipynb #07021f1a
-@command('demo', arg('--profile', default='fast', help="'test' (about a minute), 'fast' (the fast loop: at most 5 minutes on a "
-                     "2-core CPU; default) or 'full' (real ULMFiT settings, pretrained: for a GPU)"),
-         arg('--seeds', type=int, default=3, metavar='N', help='seeds per arm of the baseline-vs-variant comparison (default: 3)'),
+@command('demo', arg('--profile', default='fast',
+                     help="'test' (about a minute), 'fast' (the fast loop: at most 5 minutes on a 2-core CPU; default) "
+                          "or 'full' (real ULMFiT settings, pretrained: for a GPU)"),
+         arg('--seeds', type=int, default=3, metavar='N',
+             help='seeds per arm of the baseline-vs-variant comparison (default: 3)'),
          arg('--data', metavar='CSV', help="a CSV of labelled texts: 'text' and 'label' columns, optionally 'is_valid' "
                                             "(default: fastai's IMDB sample)"),
-         arg('--out', default='fastrepro-demo', metavar='DIR', help='folder for report.md, report.json and the plots (default: fastrepro-demo)'),
-         arg('--workers', type=int, default=0, metavar='N', help='processes that train the seeds of the comparison side by side '
-                                                               '(default: 0, one after another in this process)'))
+         arg('--out', default='fastrepro-demo', metavar='DIR',
+             help='folder for report.md, report.json and the plots (default: fastrepro-demo)'),
+         arg('--workers', type=int, default=0, metavar='N',
+             help='processes that train the seeds of the comparison side by side '
+                  '(default: 0, one after another in this process)'))
 def demo_command(args):
-    "Run the ULMFiT reproducibility demo: same seed same bits, kill and resume, fp16 loss scale, a hidden draw found, a change over seeds, the fast loop"
+    ("Run the ULMFiT reproducibility demo: same seed same bits, kill and resume, fp16 loss scale, a hidden draw found, "
+     "a change over seeds, the fast loop")
     with warnings.catch_warnings():
-        warnings.simplefilter('ignore', FutureWarning)  # deprecation notices of fastai's own imports, not the user's to act on
+        # deprecation notices of fastai's own imports, not the user's to act on
+        warnings.simplefilter('ignore', FutureWarning)
         from fastrepro.demo import run_demo  # imports torch and fastai: only for this command
     return run_demo(args.profile, n_seeds=args.seeds, data=args.data, out=args.out, workers=args.workers)
 

@@ -44,7 +44,8 @@ def _finding_lr(learn:Learner, extra:L) -> bool: return any(isinstance(cb, LRFin
 @patch
 @delegates(_fastai_fit)
 def fit(self:Learner, n_epoch, lr=None, wd=None, cbs=None, reset_opt=False, start_epoch=0):
-    "fastai's `Learner.fit`; attached callbacks may plan it (`plan_fit`) and are told when it raises (`after_fit_exception`)"
+    ("fastai's `Learner.fit`; attached callbacks may plan it (`plan_fit`) and are told when it raises "
+     "(`after_fit_exception`)")
     extra = L(cbs)
     if not _finding_lr(self, extra):
         for cb in self.cbs.filter(lambda o: callable(getattr(type(o), 'plan_fit', None))):
@@ -91,6 +92,7 @@ def any_rank(*flags:bool) -> list:
     "For each of `flags`: is it true on any rank? Every rank gets the same answers, from one all-reduce"
     if not distributed(): return [bool(f) for f in flags]
     nccl = torch.distributed.get_backend() == 'nccl'  # NCCL reduces GPU tensors only
-    t = torch.tensor([int(f) for f in flags], device=torch.device('cuda', torch.cuda.current_device()) if nccl else 'cpu')
+    t = torch.tensor([int(f) for f in flags],
+                     device=torch.device('cuda', torch.cuda.current_device()) if nccl else 'cpu')
     torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
     return [bool(v) for v in t.tolist()]

@@ -39,8 +39,8 @@ class DataStreams:
                  epoch=0, # the pass coordinate: an int, or a tuple such as `(fit_idx, epoch)`
                  per_item:bool=True, # seed the generators before each item (True) or once per batch (False, cheaper)
                  dl_idx:int=0, # the loader's index in its `DataLoaders`, so that train and valid draw different streams
-                 steps_draw:bool=True, # the loader's steps can draw random numbers (`steps_draw`); if not, only its order is seeded
-                 rank:int=0, # the process's rank in a distributed run: its batches are its own, and so are their streams
+                 steps_draw:bool=True, # steps can draw random numbers (`steps_draw`); if not, only the order is seeded
+                 rank:int=0, # the process's rank in a distributed run: its batches, and their streams, are its own
                 ):
         self.seed, self.per_item, self.dl_idx, self.epoch = int(seed), bool(per_item), int(dl_idx), _as_epoch(epoch)
         self.steps_draw, self.rank = bool(steps_draw), int(rank)
@@ -61,7 +61,8 @@ class DataStreams:
         self.epoch, self.start = e[:-1]+(e[-1]+1,) if isinstance(e, tuple) else e+1, 0
 
     def __repr__(self):
-        return f"DataStreams(seed={self.seed}, epoch={self.epoch}, per_item={self.per_item}, dl_idx={self.dl_idx}, steps_draw={self.steps_draw}, rank={self.rank})"
+        return (f"DataStreams(seed={self.seed}, epoch={self.epoch}, per_item={self.per_item}, dl_idx={self.dl_idx}, "
+                f"steps_draw={self.steps_draw}, rank={self.rank})")
 
 # %% ../nbs/05_data.ipynb #e1584ea1
 def _seed_cpu(seed:int):
@@ -101,7 +102,8 @@ _PATCHED = ('__iter__', 'randomize', 'get_idxs', 'create_batches')
 _fastai = {n: getattr(DataLoader, '_orig_'+n, getattr(DataLoader, n)) for n in _PATCHED}
 
 def data_streams(dl) -> DataStreams|None:
-    "The streams attached to `dl` (or to the loader it wraps, as fastai's `DistributedDL`) by `make_deterministic`, or None"
+    ("The streams attached to `dl` (or to the loader it wraps, as fastai's `DistributedDL`) by `make_deterministic`, "
+     "or None")
     st, inner = dl.__dict__.get('repro_streams'), dl.__dict__.get('dl')
     return data_streams(inner) if st is None and isinstance(inner, DataLoader) else st
 
@@ -132,9 +134,9 @@ def get_idxs(self:DataLoader):
     if st is None: return _fastai['get_idxs'](self)
     if self.shuffle: _reset_order(self)
     if st.start and not self.indexed:
-        raise ValueError(f"A pass over an iterable (not indexed) dataset cannot start at batch {st.start}: its items come "
-                         "one after the other from the dataset's iterator, so the batches before would have to be made "
-                         "again. Resume such a run at an epoch boundary.")
+        raise ValueError(f"A pass over an iterable (not indexed) dataset cannot start at batch {st.start}: its items "
+                         "come one after the other from the dataset's iterator, so the batches before would have to be "
+                         "made again. Resume such a run at an epoch boundary.")
     with _seeded(st.seed_for(SHUFFLE_STREAM)): idxs = _fastai['get_idxs'](self)
     return _skip(idxs, st.start*(self.bs or 1))  # the whole order is drawn first: the same whatever the start
 
@@ -170,7 +172,8 @@ def _stream_batches(dl, st:DataStreams, samps):
 def create_batches(self:DataLoader, samps):
     "fastai's `create_batches`; with streams, each item (or batch) is made under its own stream"
     st = data_streams(self)
-    return _fastai['create_batches'](self, samps) if st is None or not st.steps_draw else _stream_batches(self, st, samps)
+    return (_fastai['create_batches'](self, samps) if st is None or not st.steps_draw
+            else _stream_batches(self, st, samps))
 
 # %% ../nbs/05_data.ipynb #436811e5
 class _WorkerSeed(torch.Generator):
@@ -206,7 +209,8 @@ _PIPELINES = ('after_item', 'before_batch', 'after_batch')
 def _tfms(dl, pipelines=_PIPELINES) -> list:
     "The transforms of `dl`'s dataset and of its `pipelines`"
     tfms = [f for p in pipelines for f in getattr(getattr(dl, p, None), 'fs', [])]
-    return tfms + [f for tl in getattr(getattr(dl, 'dataset', None), 'tls', []) for f in getattr(getattr(tl, 'tfms', None), 'fs', [])]
+    return tfms + [f for tl in getattr(getattr(dl, 'dataset', None), 'tls', [])
+                     for f in getattr(getattr(tl, 'tfms', None), 'fs', [])]
 
 def items_draw(dl) -> bool:
     "Can `dl`'s items draw random numbers? False only for fastai's text loaders without a `RandTransform` per item"
@@ -216,14 +220,17 @@ def items_draw(dl) -> bool:
     return any(isinstance(f, RandTransform) for f in _tfms(dl, ('after_item',)))
 
 def _drawless_tfms() -> tuple:
-    "fastai's transforms whose `encodes` draw no random numbers (the ones its text and tabular-style loaders are made of)"
+    ("fastai's transforms whose `encodes` draw no random numbers "
+     "(the ones its text and tabular-style loaders are made of)")
     from fastai.data.transforms import ToTensor, ColReader, Categorize, MultiCategorize, RegressionSetup
     from fastai.text.core import Tokenizer
     from fastai.text.data import Numericalize, Pad_Chunk, Pad_Input
-    return (ToTensor, ColReader, Categorize, MultiCategorize, RegressionSetup, Tokenizer, Numericalize, Pad_Chunk, Pad_Input)
+    return (ToTensor, ColReader, Categorize, MultiCategorize, RegressionSetup, Tokenizer, Numericalize, Pad_Chunk,
+            Pad_Input)
 
 def steps_draw(dl) -> bool:
-    "Can a step of `dl` (making a batch, `after_batch`) draw random numbers? False only for a fastai text loader made of `_drawless_tfms`"
+    ("Can a step of `dl` (making a batch, `after_batch`) draw random numbers? "
+     "False only for a fastai text loader made of `_drawless_tfms`")
     from fastai.text.data import LMDataLoader, SortedDL
     if type(dl) not in (LMDataLoader, SortedDL): return True  # a subclass may make its items its own way
     if any(m in dl.__dict__ for m in DataLoader._methods if m not in _PIPELINES): return True  # a method passed in
@@ -232,7 +239,7 @@ def steps_draw(dl) -> bool:
 
 def make_deterministic(dls, # a `DataLoaders`, one `DataLoader`, or a list of them
                        seed:int, # the run seed
-                       per_item:bool|None=True, # seed before each item (True), once per batch (False), or None: decide per loader (`items_draw`, `steps_draw`)
+                       per_item:bool|None=True, # seed per item (True), per batch (False), or None: decided per loader
                        epoch=0, # the first pass coordinate
                        rank:int=0, # the process's rank in a distributed run (its batches' streams are its own)
                       ):
@@ -240,7 +247,8 @@ def make_deterministic(dls, # a `DataLoaders`, one `DataLoader`, or a list of th
     for i, dl in enumerate(_loaders(dls)):
         item = items_draw(dl) if per_item is None else per_item
         draws = per_item is not None or steps_draw(dl)
-        dl.__dict__['repro_streams'] = DataStreams(seed, epoch=epoch, per_item=item, dl_idx=i, steps_draw=draws, rank=rank)
+        dl.__dict__['repro_streams'] = DataStreams(seed, epoch=epoch, per_item=item, dl_idx=i, steps_draw=draws,
+                                                   rank=rank)
     return dls
 
 def undo_deterministic(dls):

@@ -6,7 +6,8 @@ Docs: https://fastrepro.github.io/fastrepro/demo.html.md"""
 
 # %% ../nbs/16_demo.ipynb #857bdd2f
 from __future__ import annotations
-import os, sys, json, time, shutil, socket, signal, random, hashlib, warnings, functools, traceback, subprocess, dataclasses, textwrap
+import os, sys, json, time, shutil, socket, signal, random, hashlib, warnings, functools, traceback, subprocess, \
+    dataclasses, textwrap
 from contextlib import contextmanager
 from concurrent.futures import ProcessPoolExecutor
 import multiprocessing
@@ -21,7 +22,8 @@ from fastprogress.fastprogress import master_bar, progress_bar
 import fastrepro
 from .rng import seed_everything
 from .callback import ReproCB
-from .fp16 import ReproMixedPrecision  # also adds `Learner.to_repro_fp16`, `loss_scale_history`, `plot_loss_scale`
+# also adds `Learner.to_repro_fp16`, `loss_scale_history`, `plot_loss_scale`
+from .fp16 import ReproMixedPrecision
 from .checkpoint import checkpoint_info
 from .trace import first_divergence, save_trace, state_digest, RunRecord, same_run, plot_losses
 from .stats import compare, ablation, seeds_needed, MIN_SEEDS
@@ -43,10 +45,12 @@ CPU_THREADS = 1          # torch CPU threads of every run and subprocess of the 
 STRAY_ITER = 5           # check 4 draws one stray random number just before this training iteration
 FP16_INIT_SCALE = 2.**20 # check 3's first loss scale: high, so that the scaler must back off (PyTorch's default: 2**16)
 FP16_GROWTH_INTERVAL = 5 # clean steps before the scale doubles (PyTorch's default: 2000), so a short run shows growth
-FP16_CPU_EPOCHS = 1      # on a CPU float16 is emulated, several times slower than float32: check 3 trains this many epochs there
+# on a CPU float16 is emulated, several times slower than float32: check 3 trains this many epochs there
+FP16_CPU_EPOCHS = 1
 VARIANT_DROP_MULT = 1.0  # change A of check 5: the classifier's dropout multiplier (the profiles use 0.5)
 VARIANT_WD = 0.1         # change B of check 5: weight decay (fastai's default for Adam: 0.01)
-METRIC = 'valid_loss'    # the metric check 5 compares (lower is better): accuracy on a few dozen texts moves in big steps
+# the metric check 5 compares (lower is better): accuracy on a few dozen texts moves in big steps
+METRIC = 'valid_loss'
 EXIT_FAILED = 1          # exit code of `fastrepro demo` when a check fails
 
 # %% ../nbs/16_demo.ipynb #c78b972f
@@ -56,12 +60,13 @@ class CheckResult:
     check:str # what is checked, in a few words
     passed:bool # whether the property held
     detail:str # the numbers behind the verdict
-    artifacts:dict = field(default_factory=dict) # plots and traces written (file names in the output folder), tables and values (JSON-ready)
+    artifacts:dict = field(default_factory=dict) # plots and traces written (file names), tables and values (JSON-ready)
     seconds:float = 0. # how long the check took
 
     def row(self) -> dict:
         "The report row: check | result | detail | seconds"
-        return {'check': self.check, 'result': 'passed' if self.passed else 'FAILED', 'detail': self.detail, 'seconds': round(self.seconds, 1)}
+        return {'check': self.check, 'result': 'passed' if self.passed else 'FAILED', 'detail': self.detail,
+                'seconds': round(self.seconds, 1)}
 
     def plots(self, out='.') -> list:
         "Paths of the PNG plots among the artifacts, in folder `out`"
@@ -74,7 +79,8 @@ class CheckResult:
 # %% ../nbs/16_demo.ipynb #73e97525
 def demo_check(title:str, # the check's name in the report
               ):
-    "Decorator making `f(demo) -> (passed, detail, artifacts)` a check: run under the demo's CPU threads, timed, a `CheckResult`"
+    ("Decorator making `f(demo) -> (passed, detail, artifacts)` a check: run under the demo's CPU threads, timed, "
+     "a `CheckResult`")
     def _deco(f):
         @functools.wraps(f)
         def _check(demo, *args, **kwargs) -> CheckResult:
@@ -107,7 +113,7 @@ class ULMFiTRun:
 class Demo:
     "The ULMFiT reproducibility demo: the data, profile, seeds, output folder and reference run its checks share"
     def __init__(self,
-        profile:str|Profile='fast', # 'test' (a minute), 'fast' (the fast loop: minutes on a CPU) or 'full' (real ULMFiT, for a GPU)
+        profile:str|Profile='fast', # 'test' (a minute), 'fast' (fast loop, minutes on CPU) or 'full' (real ULMFiT, GPU)
         n_seeds:int=N_SEEDS, # seeds per arm of check 5
         data=None, # a CSV of labelled texts (`read_text_csv`); None: fastai's IMDB sample
         out='fastrepro-demo', # folder for the report, the plots, the traces and the runs' files
@@ -116,25 +122,30 @@ class Demo:
         progress:bool=True, # show fastai-style progress bars
         workers:int=0, # processes that train check 5's seeds side by side (0: one after another in this process)
     ):
-        self.profile, self.seed, self.threads, self.progress, self.data = get_profile(profile), seed, threads, progress, data
+        self.profile, self.seed, self.threads, self.progress, self.data = (get_profile(profile), seed, threads,
+                                                                           progress, data)
         if workers < 0: raise ValueError(f"workers={workers}: give a number of processes, or 0 to run here.")
         self.workers = workers
-        if n_seeds < 2: raise ValueError(f"n_seeds={n_seeds}: comparing over seeds needs at least 2 per arm (better {MIN_SEEDS}).")
+        if n_seeds < 2:
+            raise ValueError(f"n_seeds={n_seeds}: comparing over seeds needs at least 2 per arm (better {MIN_SEEDS}).")
         self.n_seeds, self.out = n_seeds, Path(out)
-        if self.out.exists() and not self.out.is_dir(): raise ValueError(f"{self.out} exists and is not a folder: pass another --out.")
+        if self.out.exists() and not self.out.is_dir():
+            raise ValueError(f"{self.out} exists and is not a folder: pass another --out.")
         self.df = labelled_texts(data, self.profile, seed)
         self.out.mkdir(parents=True, exist_ok=True)
         self.work = self.out/'runs'
         self.pretrained, self.weights = pretrained_weights(self.profile)
         self._ref, self._mb = None, None
 
-    def __repr__(self): return f"Demo({self.profile.name!r}, n_seeds={self.n_seeds}, seed={self.seed}, out='{self.out}')"
+    def __repr__(self):
+        return f"Demo({self.profile.name!r}, n_seeds={self.n_seeds}, seed={self.seed}, out='{self.out}')"
 
     def _steps(self, steps:list) -> list:
         "Run `steps`, `(label, function)` pairs, under a progress bar; their results"
         if not self.progress: return [f() for _, f in steps]
         pb, res = progress_bar(steps, parent=self._mb, leave=self._mb is None), []
-        if self._mb is not None and hasattr(pb, 'prefix'):  # fastprogress names a master bar's children "Epoch i/n": checks here
+        # fastprogress names a master bar's children "Epoch i/n": checks here
+        if self._mb is not None and hasattr(pb, 'prefix'):
             pb.prefix = f"Check {(self._mb.main_bar.last_v or 0) + 1}/{self._mb.main_bar.total} :"
         for label, f in pb:
             pb.comment = label
@@ -153,7 +164,8 @@ class Demo:
         lm = ulmfit_lm(self.df, self.profile, self.seed, path, pretrained=self.pretrained, disturb=disturb)
         lm_rec, vocab, git, device = RunRecord.of(lm), lm.dls.vocab, lm.repro_cb.git, str(lm.dls.device)
         del lm
-        clas = train_classifier(ulmfit_classifier(self.df, vocab, self.profile, self.seed, path, disturb=disturb), self.profile)
+        clas = train_classifier(ulmfit_classifier(self.df, vocab, self.profile, self.seed, path, disturb=disturb),
+                                self.profile)
         return ULMFiTRun(path, vocab, lm_rec, RunRecord.of(clas), git, device, time.perf_counter() - t0)
 
     @property
@@ -166,7 +178,8 @@ class Demo:
     def _classifier(self, seed:int|None=None, **kwargs) -> Learner:
         "A classifier of the ULMFiT path on run A's encoder, built (`ulmfit_classifier` arguments in `kwargs`)"
         ref = self.reference
-        return ulmfit_classifier(self.df, ref.vocab, self.profile, self.seed if seed is None else seed, ref.path, **kwargs)
+        return ulmfit_classifier(self.df, ref.vocab, self.profile, self.seed if seed is None else seed, ref.path,
+                                 **kwargs)
 
     def arm(self, **change):
         "Check 5's `train_fn(seed)` for the arm `change`; a picklable function, so its seeds can run in other processes"
@@ -196,12 +209,15 @@ class Demo:
         ref, n_valid = self.reference, int(self.df[VALID_COL].sum())
         git = ref.git or {}
         code = ('not a git repository' if not git.get('commit') else
-                f"commit {git['commit'][:12]}" + (' + uncommitted changes (the patch is recorded in every checkpoint)' if git.get('dirty') else ''))
+                f"commit {git['commit'][:12]}"
+                + (' + uncommitted changes (the patch is recorded in every checkpoint)' if git.get('dirty') else ''))
         return {'profile': self.profile.name, 'seed': self.seed, 'seeds per arm': self.n_seeds,
-                'data': f"{self.data or 'IMDB sample'}: {len(self.df) - n_valid} training and {n_valid} validation texts",
+                'data': (f"{self.data or 'IMDB sample'}: {len(self.df) - n_valid} training and {n_valid} "
+                         "validation texts"),
                 'device': ref.device, 'CPU threads': torch.get_num_threads() if self.threads is None else self.threads,
                 'weights': self.weights, 'code': code,
-                'versions': f"fastrepro {fastrepro.__version__}, fastai {fastai.__version__}, torch {torch.__version__}"}
+                'versions': (f"fastrepro {fastrepro.__version__}, fastai {fastai.__version__}, "
+                             f"torch {torch.__version__}")}
 
     def report(self, results:list) -> pd.DataFrame:
         "The report table: check | result | detail | seconds"
@@ -212,18 +228,22 @@ class Demo:
         info = dict(self.info(), **{'total seconds': round(sum(r.seconds for r in results), 1)})
         md, js = self.out/'report.md', self.out/'report.json'
         md.write_text(report_markdown(info, results))
-        js.write_text(json.dumps(dict(info=info, passed=all(r.passed for r in results), checks=[dataclasses.asdict(r) for r in results]), indent=1, default=str))
+        js.write_text(json.dumps(dict(info=info, passed=all(r.passed for r in results),
+                                      checks=[dataclasses.asdict(r) for r in results]), indent=1, default=str))
         return md, js
 
 # %% ../nbs/16_demo.ipynb #e9256889
 @demo_check('same seed, same bits')
 def check_same_seed(demo:Demo):
-    "Check 1: two runs of the whole ULMFiT path with one seed (the second with stray draws before training) are bit-identical"
-    a, b = demo._steps([('run A', lambda: demo.reference), ('run B (stray draws first)', lambda: demo._ulmfit('B', disturb=True))])
+    ("Check 1: two runs of the whole ULMFiT path with one seed (the second with stray draws before training) "
+     "are bit-identical")
+    a, b = demo._steps([('run A', lambda: demo.reference),
+                        ('run B (stray draws first)', lambda: demo._ulmfit('B', disturb=True))])
     ok_lm, why_lm = same_run(a.lm, b.lm)
     ok_clas, why_clas = same_run(a.clas, b.clas)
     fig = plot_losses({'run A': a.clas, 'run B': b.clas}, 'classifier: per-batch losses of two runs with one seed')
-    arts = dict(plot=demo._plot(fig, 'same_seed'), lm_sha256=[a.lm.digest, b.lm.digest], classifier_sha256=[a.clas.digest, b.clas.digest])
+    arts = dict(plot=demo._plot(fig, 'same_seed'), lm_sha256=[a.lm.digest, b.lm.digest],
+                classifier_sha256=[a.clas.digest, b.clas.digest])
     return ok_lm and ok_clas, f"language model: {why_lm}; classifier: {why_clas}.", arts
 
 # %% ../nbs/16_demo.ipynb #874674dd
@@ -240,24 +260,27 @@ def check_resume(demo:Demo):
     ck = f'kill_{STOP_EPOCH}'
     steps = [('process 1: train, checkpoint, SIGKILL', lambda: job_process(spec, 'kill')),
              ('process 2: load, resume', lambda: job_process(spec, 'resume', checkpoint=ck)),
-             (f'process 3: train, SIGTERM at iteration {it}', lambda: job_process(spec, 'preempt', kill=(it, signal.SIGTERM))),
+             (f'process 3: train, SIGTERM at iteration {it}',
+              lambda: job_process(spec, 'preempt', kill=(it, signal.SIGTERM))),
              ('process 4: load, resume inside the epoch', lambda: job_process(spec, 'resume', checkpoint='checkpoint'))]
     killed, resumed, termed, resumed2 = demo._steps(steps)
     for p, status, what in ((killed, -signal.SIGKILL, 'killed by SIGKILL'), (resumed, 0, 'resumed'),
-                            (termed, 128 + signal.SIGTERM, 'ended by SIGTERM with a checkpoint'), (resumed2, 0, 'resumed')):
+                            (termed, 128 + signal.SIGTERM, 'ended by SIGTERM with a checkpoint'),
+                            (resumed2, 0, 'resumed')):
         if p.returncode != status: return False, f"A process was not {what} ({job_error(p)})", {}
     info, inside = (checkpoint_info(path/'models'/f'{c}.pth') for c in (ck, 'checkpoint'))
     ok, why = same_run(ref.clas, RunRecord.load(path/f'resumed-{ck}.pt'))
     ok2, why2 = same_run(ref.clas, RunRecord.load(path/'resumed-checkpoint.pt'))
     git = info['git']
     code = f"commit {git['commit'][:8]}{' + patch' if git['dirty'] else ''}" if git and git['commit'] else 'no commit'
-    detail = (f"Killed by SIGKILL after epoch {info['start_epoch']} (checkpoint: seed {info['seed']}, fit {info['fit_idx']}, "
-              f"iteration {info['iteration']}, {code}); resumed in a fresh process with global seed "
-              f"{demo.seed + RESUME_SEED_OFFSET}: {why} with the uninterrupted run. Stopped by SIGTERM inside epoch "
-              f"{inside['start_epoch']}, after {inside['batch']} of {n_iter} batches (CheckpointCB wrote the checkpoint at "
-              f"the signal and exited with {termed.returncode}), and resumed there: {why2}.")
+    detail = (f"Killed by SIGKILL after epoch {info['start_epoch']} (checkpoint: seed {info['seed']}, "
+              f"fit {info['fit_idx']}, iteration {info['iteration']}, {code}); resumed in a fresh process with "
+              f"global seed {demo.seed + RESUME_SEED_OFFSET}: {why} with the uninterrupted run. Stopped by SIGTERM "
+              f"inside epoch {inside['start_epoch']}, after {inside['batch']} of {n_iter} batches (CheckpointCB wrote "
+              f"the checkpoint at the signal and exited with {termed.returncode}), and resumed there: {why2}.")
     keys = ('seed', 'fit_idx', 'start_epoch', 'batch', 'iteration', 'callbacks')
-    return ok and ok2, detail, dict(checkpoint={**{k: info[k] for k in keys}, 'num_threads': info['env']['num_threads']},
+    return ok and ok2, detail, dict(checkpoint={**{k: info[k] for k in keys},
+                                                'num_threads': info['env']['num_threads']},
                                     inside={k: inside[k] for k in keys})
 
 # %% ../nbs/16_demo.ipynb #df61a721
@@ -274,17 +297,21 @@ def check_fp16(demo:Demo):
     ax = learn.plot_loss_scale(show_epochs=True, figsize=(8, 3.5))
     ax.set_title(f'loss scale of float16 training on {learn.dls.device.type} ({s["overflows"]} overflows)')
     n_iter, finite = len(learn.repro_trace), bool(np.isfinite(learn.repro_trace.loss).all())
-    passed = len(h) == n_iter and s['overflows'] == int(h.skipped.sum()) and ck.get('loss_scale') == s['scale'] and finite
+    passed = (len(h) == n_iter and s['overflows'] == int(h.skipped.sum()) and ck.get('loss_scale') == s['scale']
+              and finite)
     lg = lambda v: f"2^{np.log2(v):g}"
-    cpu = f' ({FP16_CPU_EPOCHS} epoch: float16 is emulated on a CPU), oneDNN off inside autocast for the LSTMs' if on_cpu else ''
-    detail = (f"{len(h)} optimizer steps (of {n_iter} iterations) in float16 autocast with a GradScaler on {learn.dls.device.type}{cpu}: "
-              f"{s['overflows']} overflows skipped, scale {lg(FP16_INIT_SCALE)} down to {lg(s['min_scale'])}, final {lg(s['scale'])}; "
-              f"the checkpoint holds it (checkpoint_info: loss_scale={lg(ck['loss_scale']) if ck.get('loss_scale') else None}).")
+    cpu = (f' ({FP16_CPU_EPOCHS} epoch: float16 is emulated on a CPU), oneDNN off inside autocast for the LSTMs'
+           if on_cpu else '')
+    detail = (f"{len(h)} optimizer steps (of {n_iter} iterations) in float16 autocast with a GradScaler on "
+              f"{learn.dls.device.type}{cpu}: {s['overflows']} overflows skipped, scale {lg(FP16_INIT_SCALE)} down to "
+              f"{lg(s['min_scale'])}, final {lg(s['scale'])}; the checkpoint holds it "
+              f"(checkpoint_info: loss_scale={lg(ck['loss_scale']) if ck.get('loss_scale') else None}).")
     return passed, detail, dict(plot=demo._plot(ax.figure, 'fp16_loss_scale'), summary=s)
 
 # %% ../nbs/16_demo.ipynb #7af3f292
 class StrayDraw(Callback):
-    "Draw one random number from torch's generator just before training iteration `at` of every fit: a hidden side effect"
+    ("Draw one random number from torch's generator just before training iteration `at` of every fit: "
+     "a hidden side effect")
     def __init__(self, at:int=STRAY_ITER): self.at = at
     def before_batch(self):
         if self.training and self.train_iter == self.at: torch.rand(1)
@@ -295,16 +322,21 @@ def check_nondeterminism(demo:Demo):
     "Check 4: one stray random draw at iteration `STRAY_ITER` is found by `first_divergence` at exactly that iteration"
     ref = demo.reference
     (stray,) = demo._steps([(f'classifier, stray draw at iteration {STRAY_ITER}',
-                             lambda: RunRecord.of(train_classifier(demo._classifier(cbs=StrayDraw(STRAY_ITER)), demo.profile)))])
+                             lambda: RunRecord.of(train_classifier(demo._classifier(cbs=StrayDraw(STRAY_ITER)),
+                                                                   demo.profile)))])
     d = first_divergence(ref.clas.trace, stray.trace, detail=True)
     (demo.out/'traces').mkdir(exist_ok=True)
     for name, r in (('run_A', ref.clas), ('stray_draw', stray)): save_trace(r.trace, demo.out/'traces'/f'{name}.trace')
-    fig = plot_losses({'run A': ref.clas, 'stray draw': stray}, 'classifier: where a stray random draw makes the runs part',
-                       mark=STRAY_ITER, mark_label=f'stray draw (iteration {STRAY_ITER})')
+    fig = plot_losses({'run A': ref.clas, 'stray draw': stray},
+                      'classifier: where a stray random draw makes the runs part',
+                      mark=STRAY_ITER, mark_label=f'stray draw (iteration {STRAY_ITER})')
     arts = dict(plot=demo._plot(fig, 'nondeterminism'), traces=['traces/run_A.trace', 'traces/stray_draw.trace'])
-    if d is None: return False, f"A stray draw at iteration {STRAY_ITER} changed nothing: is dropout off, or the trace broken?", arts
+    if d is None:
+        return (False, f"A stray draw at iteration {STRAY_ITER} changed nothing: is dropout off, or the trace broken?",
+                arts)
     found = ' '.join(str(d).split())
-    return (d.fit, d.iter) == (0, STRAY_ITER), f"Stray draw before iteration {STRAY_ITER}; first_divergence: {found}", arts
+    return ((d.fit, d.iter) == (0, STRAY_ITER), f"Stray draw before iteration {STRAY_ITER}; first_divergence: {found}",
+            arts)
 
 # %% ../nbs/16_demo.ipynb #56c4dcd3
 def arms() -> dict:
@@ -326,7 +358,7 @@ def _plot_arms(runs:pd.DataFrame, metric:str=METRIC):
 def _jsonable(df:pd.DataFrame) -> list: return json.loads(df.reset_index().to_json(orient='records'))
 
 # %% ../nbs/16_demo.ipynb #392934ab
-def train_arm(df:pd.DataFrame, vocab:list, profile:Profile, path:Path, # the demo's data and run A's vocabulary and folder
+def train_arm(df:pd.DataFrame, vocab:list, profile:Profile, path:Path, # the demo's data, run A's vocabulary and folder
               seed:int, # the arm's run seed
               **change, # the arm's `ulmfit_classifier` arguments
              ) -> dict:
@@ -362,11 +394,14 @@ def check_variants(demo:Demo):
     except ValueError as e: n_needed = f"n/a ({e})"
     abl_text = '; '.join(f"{n}: {r.verdict} (p={r.p_value:.2g})" for n, r in abl.iterrows())
     detail = (f"{METRIC} over {len(seeds)} seeds per arm: {names[1]} vs baseline: {res.mean_diff:+.4f} "
-              f"(95% CI [{res.ci[0]:+.4f}, {res.ci[1]:+.4f}], p={res.p_value:.2g}): {res.verdict}. Ablation: {abl_text}. "
+              f"(95% CI [{res.ci[0]:+.4f}, {res.ci[1]:+.4f}], p={res.p_value:.2g}): {res.verdict}. "
+              f"Ablation: {abl_text}. "
               f"seeds_needed to detect a difference of {abs(res.mean_diff):.4f} (power 0.8): {n_needed} per arm.")
     if caught: detail += ' Warnings: ' + ' '.join(dict.fromkeys(str(w.message) for w in caught))
-    if not all(spread.values()): detail += f" Some arm gave the same {METRIC} for every seed: is the seed used? {spread}"
-    arts = dict(plot=demo._plot(_plot_arms(runs), 'variants'), runs=_jsonable(runs.drop(columns='run_id', errors='ignore')),
+    if not all(spread.values()):
+        detail += f" Some arm gave the same {METRIC} for every seed: is the seed used? {spread}"
+    arts = dict(plot=demo._plot(_plot_arms(runs), 'variants'),
+                runs=_jsonable(runs.drop(columns='run_id', errors='ignore')),
                 compare=res.to_dict(), ablation=_jsonable(abl), seeds_needed=n_needed)
     return all(spread.values()), detail, arts
 
@@ -381,9 +416,11 @@ def profile_table(vocab_sz:int, # the vocabulary size of the models counted
     "Settings of the profiles side by side: data, AWD-LSTM size, parameters, weights and schedules"
     rows = {}
     for p in map(get_profile, profiles):
-        rows[p.name] = {'texts': p.n_texts or 'all', 'characters per text': p.max_chars or 'all', 'LM batch x sequence': f"{p.lm_bs} x {p.seq_len}",
-                   'classifier batch': p.clas_bs, 'AWD-LSTM emb / hidden / layers': f"{p.emb_sz} / {p.n_hid} / {p.n_layers}",
-                   'classifier parameters': f"{sum(t.numel() for t in _classifier_model(p, vocab_sz, n_class).parameters()):,}",
+        rows[p.name] = {'texts': p.n_texts or 'all', 'characters per text': p.max_chars or 'all',
+                   'LM batch x sequence': f"{p.lm_bs} x {p.seq_len}", 'classifier batch': p.clas_bs,
+                   'AWD-LSTM emb / hidden / layers': f"{p.emb_sz} / {p.n_hid} / {p.n_layers}",
+                   'classifier parameters':
+                       f"{sum(t.numel() for t in _classifier_model(p, vocab_sz, n_class).parameters()):,}",
                    'weights': 'WT103 (pretrained)' if p.pretrained else 'from scratch',
                    'language model': stages_text(lm_stages(p, p.pretrained)), 'classifier': stages_text(clas_stages(p))}
     return pd.DataFrame(rows)
@@ -395,7 +432,8 @@ def module_types(model) -> set:
 
 @demo_check('fast loop')
 def check_fast_loop(demo:Demo):
-    "Check 6: the fast profile keeps the full profile's architecture and ULMFiT path; its settings side by side, and the time here"
+    ("Check 6: the fast profile keeps the full profile's architecture and ULMFiT path; its settings side by side, "
+     "and the time here")
     ref, full = demo.reference, get_profile('full')
     fast = demo.profile if demo.profile.name != 'full' else get_profile('fast')
     n_class = demo.df[LABEL_COL].nunique()
@@ -406,9 +444,10 @@ def check_fast_loop(demo:Demo):
     diff = [f"{row} {col(fast, row)} instead of {col(full, row)}" for row in tbl.index
             if row != 'classifier parameters' and col(fast, row) != col(full, row)]
     detail = (f"The {fast.name} profile keeps the full one's AWD-LSTM ({len(ta)} module types, "
-              f"{'the same' if ta == tb else 'NOT the same: ' + str(sorted(ta ^ tb))}), tokenizer, vocabulary and ULMFiT path "
-              f"(LM -> save_encoder -> load_encoder -> classifier, fit_one_cycle); it is {n(full)/n(fast):.0f}x smaller "
-              f"({n(fast):,} vs {n(full):,} classifier parameters). It differs in: {'; '.join(diff) or 'nothing else'}. "
+              f"{'the same' if ta == tb else 'NOT the same: ' + str(sorted(ta ^ tb))}), tokenizer, vocabulary and "
+              f"ULMFiT path (LM -> save_encoder -> load_encoder -> classifier, fit_one_cycle); it is "
+              f"{n(full)/n(fast):.0f}x smaller ({n(fast):,} vs {n(full):,} classifier parameters). "
+              f"It differs in: {'; '.join(diff) or 'nothing else'}. "
               f"Here, run A of the {demo.profile.name} profile took {ref.seconds:.0f} s on {ref.device}.")
     return ta == tb, detail, dict(profiles=json.loads(tbl.to_json()))
 
@@ -431,12 +470,14 @@ def report_markdown(info:dict, # `Demo.info()`
     "The report as Markdown: the header, the table, the plots"
     md = ['# fastrepro demo report', ''] + [f"- **{k}**: {v}" for k, v in info.items()] + ['']
     md += ['| check | result | detail | seconds |', '|---|---|---|---|']
-    md += [f"| {r.check} | {'passed' if r.passed else '**FAILED**'} | {r.detail.replace('|', '/')} | {r.seconds:.1f} |" for r in results]
+    md += [f"| {r.check} | {'passed' if r.passed else '**FAILED**'} | {r.detail.replace('|', '/')} | {r.seconds:.1f} |"
+           for r in results]
     for r in results: md += ['', f"## {r.check}", ''] + [f"![{r.check}]({p.name})" for p in r.plots()]
     return '\n'.join(md) + '\n'
 
 # %% ../nbs/16_demo.ipynb #a8d9ce3b
-DEMO_CHECKS = (check_same_seed, check_resume, check_fp16, check_nondeterminism, check_variants, check_fast_loop)  # in order
+# in order
+DEMO_CHECKS = (check_same_seed, check_resume, check_fp16, check_nondeterminism, check_variants, check_fast_loop)
 
 # %% ../nbs/16_demo.ipynb #9f34bdd5
 def run_demo(profile:str='fast', # 'test', 'fast' or 'full'
@@ -447,11 +488,13 @@ def run_demo(profile:str='fast', # 'test', 'fast' or 'full'
              progress:bool=True, # fastai-style progress bars
              workers:int=0, # processes that train check 5's seeds side by side (0: this process)
             ) -> int:
-    "Run every check, print the report table, write `report.md`, `report.json` and the plots to `out`; 0 when all passed, else `EXIT_FAILED`"
+    ("Run every check, print the report table, write `report.md`, `report.json` and the plots to `out`; "
+     "0 when all passed, else `EXIT_FAILED`")
     t0 = time.perf_counter()
     demo = Demo(profile, n_seeds, data, out, seed, progress=progress, workers=workers)
     results = demo.run()
     md, _ = demo.write_report(results)
-    print(f"\n{format_table(results)}\n\nfastrepro demo, profile {demo.profile.name}: {sum(r.passed for r in results)}/{len(results)} "
+    print(f"\n{format_table(results)}\n\nfastrepro demo, profile {demo.profile.name}: "
+          f"{sum(r.passed for r in results)}/{len(results)} "
           f"checks passed in {time.perf_counter() - t0:.0f} s. Weights: {demo.weights}. Report: {md}")
     return 0 if all(r.passed for r in results) else EXIT_FAILED

@@ -42,5 +42,6 @@ if DistributedDL is not None:
     @patch
     def create_batches(self:DistributedDL, samps):
         "fastai's, the batches made by the wrapped loader, which also learns which worker makes them"
-        if _inner_streams(self) is not None: self.dl.offs = self.offs  # fastai sets `offs` on this loader in each worker
+        # fastai sets `offs` on this loader in each worker
+        if _inner_streams(self) is not None: self.dl.offs = self.offs
         return _fastai_ddl['create_batches'](self, samps)

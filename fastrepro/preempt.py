@@ -18,7 +18,8 @@ __all__ = ['PREEMPT_SIGNALS', 'SIGNAL_EXIT_BASE', 'CheckpointCB']
 
 # %% ../nbs/04_preempt.ipynb #160dd579
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # what Kubernetes, spot terminations and SLURM's `--signal` send
-SIGNAL_EXIT_BASE = 128  # a process that ends because of signal N exits with 128 + N (the shells' and schedulers' convention)
+# a process that ends because of signal N exits with 128 + N (the shells' and schedulers' convention)
+SIGNAL_EXIT_BASE = 128
 _script_fits = itertools.count()  # numbers the fits this process runs with `autoresume`, in the order it runs them
 
 def _link(src:Path, dst:Path):
@@ -35,7 +36,8 @@ def _tell(msg:str, **kwargs):
 
 # %% ../nbs/04_preempt.ipynb #3f2619bb
 class CheckpointCB(Callback):
-    "Checkpoints inside epochs (every N iterations or T seconds), at SIGTERM/SIGUSR1 before exiting, and rerun-to-continue"
+    ("Checkpoints inside epochs (every N iterations or T seconds), at SIGTERM/SIGUSR1 before exiting, "
+     "and rerun-to-continue")
     order = 90  # after the other callbacks' `after_batch` and `after_fit` (Recorder 50, trackers 60-63): a whole state
     def __init__(self,
         fname:str='checkpoint', # the newest checkpoint is always `learn.path/learn.model_dir/f'{fname}.pth'`
@@ -55,8 +57,8 @@ class CheckpointCB(Callback):
         self.active = in_fit(self.learn) and not in_lr_find(self.learn)
         if not self.active: return
         if not isinstance(getattr(self.learn, 'repro_cb', None), ReproCB):
-            raise ValueError("CheckpointCB needs ReproCB attached to the learner: without it a checkpoint inside an epoch "
-                             "cannot be resumed exactly. Add `ReproCB()` to the learner's callbacks.")
+            raise ValueError("CheckpointCB needs ReproCB attached to the learner: without it a checkpoint inside "
+                             "an epoch cannot be resumed exactly. Add `ReproCB()` to the learner's callbacks.")
         self.signum, self._last = None, time.monotonic()
         self._install()
 
@@ -64,7 +66,8 @@ class CheckpointCB(Callback):
         if not self.active: return
         signalled, late = any_rank(self.signum is not None, self._late())  # in a distributed run, the ranks agree
         if signalled: self._preempted()
-        elif self.training and (late or (self.every_iters and self.learn.train_iter % self.every_iters == 0)): self.save()
+        elif self.training and (late or (self.every_iters and self.learn.train_iter % self.every_iters == 0)):
+            self.save()
 
     def after_epoch(self):
         if self.active and any_rank(self.signum is not None)[0]: self._preempted()  # came after the epoch's last batch
@@ -106,16 +109,18 @@ class CheckpointCB(Callback):
             self._check(checkpoint_info(done), n_epoch)
             self.learn.load(done.stem, with_opt=self.with_opt)
             repro = self.learn.repro_cb  # the Recorder shows the fit, as after a fit
-            if repro.pending['recorder'] is not None: set_recorder_state(self.learn.recorder, repro.pending['recorder'], 'cpu')
-            _tell(f"fastrepro: fit {n} ({n_epoch} epochs) was completed by an earlier run; its end state is loaded from {done}.")
+            if repro.pending['recorder'] is not None:
+                set_recorder_state(self.learn.recorder, repro.pending['recorder'], 'cpu')
+            _tell(f"fastrepro: fit {n} ({n_epoch} epochs) was completed by an earlier run; "
+                  f"its end state is loaded from {done}.")
             return None
         if not self.path.exists(): return start_epoch
         info = checkpoint_info(self.path)
         if info.get('fit_number') != n:
             if (info.get('fit_number') or -1) > n:
-                raise ResumeError(f"{self.path} was written by fit {info['fit_number']} of an earlier run, but the end state of "
-                                  f"fit {n} ({done.name}) is missing, so this fit cannot be skipped. Delete the checkpoints "
-                                  f"in {self.path.parent} to start over.")
+                raise ResumeError(f"{self.path} was written by fit {info['fit_number']} of an earlier run, "
+                                  f"but the end state of fit {n} ({done.name}) is missing, so this fit cannot be "
+                                  f"skipped. Delete the checkpoints in {self.path.parent} to start over.")
             return start_epoch  # this fit had not written a checkpoint yet
         self._check(info, n_epoch)
         self.learn.load(self.fname, with_opt=self.with_opt)
@@ -129,11 +134,13 @@ class CheckpointCB(Callback):
         saved = info.get('git') or {}
         if (saved.get('commit'), saved.get('diff_hash')) != (git['commit'], git['diff_hash']):
             raise ResumeError(f"{info['path']} was written by other code (commit {saved.get('commit')}, patch "
-                              f"{saved.get('diff_hash')}) than this run's (commit {git['commit']}, patch {git['diff_hash']}): "
-                              "rerunning would mix the two. Delete the checkpoints to start over, or commit the same code.")
+                              f"{saved.get('diff_hash')}) than this run's (commit {git['commit']}, "
+                              f"patch {git['diff_hash']}): rerunning would mix the two. Delete the checkpoints "
+                              "to start over, or commit the same code.")
         if info['n_epoch'] != n_epoch:
-            raise ResumeError(f"{info['path']} belongs to a {info['n_epoch']}-epoch fit, and this fit has {n_epoch}: the "
-                              "script is not the one that wrote it. Delete the checkpoints to start over.")
+            raise ResumeError(f"{info['path']} belongs to a {info['n_epoch']}-epoch fit, and this fit has "
+                              f"{n_epoch}: the script is not the one that wrote it. Delete the checkpoints "
+                              "to start over.")
 
     def _late(self) -> bool:
         "Is a checkpoint due by the clock? (rank 0's: the ranks' clocks differ)"
@@ -144,7 +151,8 @@ class CheckpointCB(Callback):
         self.save()
         signum = self.signum or signal.SIGTERM  # a rank that did not receive the signal ends as the one that did
         name, pos = signal.Signals(signum).name, self.learn.repro_cb.position
-        where = f"epoch {pos.epoch}, after {pos.batch} of {len(self.dls.train)} batches" if pos.batch else f"before epoch {pos.epoch}"
+        where = (f"epoch {pos.epoch}, after {pos.batch} of {len(self.dls.train)} batches" if pos.batch
+                 else f"before epoch {pos.epoch}")
         _tell(f"fastrepro: {name}: checkpoint written at {where} to {self.path}; exiting with status "
               f"{SIGNAL_EXIT_BASE + signum}. Run the script again to continue.", file=sys.stderr, flush=True)
         raise SystemExit(SIGNAL_EXIT_BASE + signum)

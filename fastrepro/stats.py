@@ -88,7 +88,8 @@ class CompareResult:
     def table(self) -> pd.DataFrame:
         "Size, mean and standard deviation of each sample, and the difference with its confidence interval"
         ci = f"[{_num(self.ci[0], True)}, {_num(self.ci[1], True)}]"
-        return pd.DataFrame({'n': [str(n) for n in self.n] + [''], 'mean': [_num(m) for m in self.means] + [_num(self.mean_diff, True)],
+        return pd.DataFrame({'n': [str(n) for n in self.n] + [''],
+                             'mean': [_num(m) for m in self.means] + [_num(self.mean_diff, True)],
                              'sd': [_num(s) for s in self.sds] + [''], f'{1-self.alpha:.0%} CI': ['', '', ci]},
                             index=[*self.names, 'difference'])
 
@@ -96,7 +97,8 @@ class CompareResult:
         return (f"t = {self.t:.4g}, df = {self.df:.4g}, p = {self.p_value:.3g}, "
                 f"Hedges' g = {self.hedges_g:.3g} (Cohen's d = {self.cohens_d:.3g})")
 
-    def __repr__(self): return f"{self._title()}\n{self.table().to_string()}\n{self._summary()}\nverdict: {self.verdict}"
+    def __repr__(self):
+        return f"{self._title()}\n{self.table().to_string()}\n{self._summary()}\nverdict: {self.verdict}"
     def _repr_html_(self):
         return (f"<p><b>{self._title()}</b></p>{self.table().to_html()}"
                 f"<p>{self._summary()}<br><b>verdict: {self.verdict}</b></p>")
@@ -111,11 +113,12 @@ def _warn_weak(b:np.ndarray, e:np.ndarray, names:tuple):
     "Warn about samples too small to estimate a spread, or without any spread (is the seed used at all?)"
     for a,name in zip((b,e), names):
         if len(a) < MIN_SEEDS:
-            warnings.warn(f"The {name} has only {len(a)} runs: with fewer than {MIN_SEEDS} seeds per side the spread, and "
-                          "so the test, is unreliable. Run more seeds (`seeds_needed` tells how many).", ComparisonWarning, stacklevel=3)
+            warnings.warn(f"The {name} has only {len(a)} runs: with fewer than {MIN_SEEDS} seeds per side the spread, "
+                          "and so the test, is unreliable. Run more seeds (`seeds_needed` tells how many).",
+                          ComparisonWarning, stacklevel=3)
         elif np.ptp(a) == 0:
-            warnings.warn(f"All {len(a)} runs of the {name} gave exactly {a[0]!r}: the seed does not change the result. "
-                          "Check that each run really uses its own seed.", ComparisonWarning, stacklevel=3)
+            warnings.warn(f"All {len(a)} runs of the {name} gave exactly {a[0]!r}: the seed does not change the "
+                          "result. Check that each run really uses its own seed.", ComparisonWarning, stacklevel=3)
 
 # %% ../nbs/12_stats.ipynb #10583350
 def compare(baseline, # metric values of the baseline runs, one per seed
@@ -123,7 +126,7 @@ def compare(baseline, # metric values of the baseline runs, one per seed
             higher_is_better:bool=True, # the metric's direction (False for losses and error rates)
             alpha:float=0.05, # significance level; the confidence interval has level 1-alpha
             equal_var:bool=False, # Student's t-test with pooled variance instead of Welch's
-            alternative:str='two-sided', # 'two-sided', or 'greater'/'better' or 'less'/'worse': experiment better/worse than baseline in the metric's sense
+            alternative:str='two-sided', # 'two-sided' or experiment 'better'/'greater', 'worse'/'less' (metric's sense)
             metric:str|None=None, # the metric's name, for display
             names:tuple=('baseline', 'experiment'), # the two sides' names, for display
            ) -> CompareResult:
@@ -137,7 +140,8 @@ def compare(baseline, # metric values of the baseline runs, one per seed
     mean_diff = float(e.mean() - b.mean())
     return CompareResult(n=(len(b), len(e)), means=(float(b.mean()), float(e.mean())),
                          sds=(float(b.std(ddof=1)), float(e.std(ddof=1))), mean_diff=mean_diff,
-                         ci=(float(ci.low), float(ci.high)), t=float(res.statistic), df=float(res.df), p_value=float(res.pvalue),
+                         ci=(float(ci.low), float(ci.high)), t=float(res.statistic), df=float(res.df),
+                         p_value=float(res.pvalue),
                          cohens_d=cohens_d(b, e), hedges_g=hedges_g(b, e),
                          verdict=_verdict(mean_diff, res.pvalue, alpha, higher_is_better),
                          alpha=alpha, equal_var=equal_var, alternative=alternative, higher_is_better=higher_is_better,
@@ -150,10 +154,11 @@ def seed_power(n:int, # seeds per arm
                effect:float, # true difference of the means, in the metric's units
                sd:float, # standard deviation of the metric across seeds (assumed equal in both arms)
                alpha:float=0.05, # significance level
-               alternative:str='two-sided', # 'two-sided', or one-sided in the effect's direction ('greater'/'less'/'better'/'worse')
+               alternative:str='two-sided', # 'two-sided' or one-sided as the effect ('greater'/'less'/'better'/'worse')
               ) -> float|np.ndarray:
     "Probability that a Student t-test with `n` seeds per arm detects a true difference `effect`"
-    if _ALTERNATIVES.get(alternative) is None: raise ValueError(f"alternative={alternative!r} is not one of {list(_ALTERNATIVES)}")
+    if _ALTERNATIVES.get(alternative) is None:
+        raise ValueError(f"alternative={alternative!r} is not one of {list(_ALTERNATIVES)}")
     n = np.asarray(n, dtype=float)
     dof, ncp = 2*n - 2, abs(effect)/sd * np.sqrt(n/2)
     if alternative == 'two-sided':
@@ -168,7 +173,8 @@ def seeds_needed(effect:float, # smallest true difference of the means worth det
                  alternative:str='two-sided', # 'two-sided', or one-sided
                 ) -> int:
     "The number of seeds per arm for a t-test to detect `effect` with probability `power`"
-    if effect == 0 or not sd > 0: raise ValueError(f"Need a non-zero effect and a positive sd, got effect={effect}, sd={sd}.")
+    if effect == 0 or not sd > 0:
+        raise ValueError(f"Need a non-zero effect and a positive sd, got effect={effect}, sd={sd}.")
     if not 0 < power < 1: raise ValueError(f"power must be between 0 and 1, got {power}.")
     lo = 2
     while lo <= MAX_SEEDS:
@@ -230,8 +236,10 @@ def ablation(baseline, # metric values of the baseline runs, one per seed
     shadowed = _shadowed(verdicts, names)
     for n in shadowed: df.loc[n, 'note'] = f'regresses alone; shadowed in {names[2]}'
     if shadowed:
-        df.loc[names[2], 'note'] = f"progresses although {' and '.join(shadowed)} regress{'es' if len(shadowed) == 1 else ''} alone"
-        warnings.warn(f"Shadowed regression: {names[2]} progresses over the baseline while {' and '.join(shadowed)} alone "
-                      f"regress{'es' if len(shadowed) == 1 else ''}. Ship only the change that helps.", ComparisonWarning, stacklevel=2)
+        df.loc[names[2], 'note'] = (f"progresses although {' and '.join(shadowed)} "
+                                    f"regress{'es' if len(shadowed) == 1 else ''} alone")
+        warnings.warn(f"Shadowed regression: {names[2]} progresses over the baseline while {' and '.join(shadowed)} "
+                      f"alone regress{'es' if len(shadowed) == 1 else ''}. Ship only the change that helps.",
+                      ComparisonWarning, stacklevel=2)
     df.attrs['shadowed'] = shadowed
     return df

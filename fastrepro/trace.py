@@ -85,7 +85,8 @@ def compact_trace(fit, epoch, it, loss, # one value per iteration
     d = {'segments': torch.from_numpy(_segments(fit, epoch, it)),
          'loss': torch.from_numpy(np.asarray(loss, dtype=np.float32).reshape(-1))}
     if param_names:
-        d.update(param_names=list(param_names), norm_rows=torch.as_tensor(np.asarray(norm_rows, dtype=np.int64).reshape(-1)),
+        d.update(param_names=list(param_names),
+                 norm_rows=torch.as_tensor(np.asarray(norm_rows, dtype=np.int64).reshape(-1)),
                  norms=torch.from_numpy(np.asarray(norms, dtype=np.float32).reshape(len(norm_rows), len(param_names))))
     return d
 
@@ -112,16 +113,18 @@ def _exact_float32(s:pd.Series, what:str) -> np.ndarray:
     a = s.to_numpy(np.float64)
     b = a.astype(np.float32)
     lost = ~((b.astype(np.float64) == a) | (np.isnan(a) & np.isnan(b)))
-    if lost.any(): raise ValueError(f"The {what} holds values that float32 cannot hold exactly (e.g. {a[lost][0]!r}): a run "
-                                    "trace records float32 losses and norms, so this is not one (`learn.repro_trace`).")
+    if lost.any(): raise ValueError(f"The {what} holds values that float32 cannot hold exactly (e.g. {a[lost][0]!r}): "
+                                    "a run trace records float32 losses and norms, so this is not one "
+                                    "(`learn.repro_trace`).")
     return b
 
 def compact_frame(trace:pd.DataFrame) -> dict:
     "The compact form of a trace DataFrame (`trace_frame`'s inverse); refuses what is not a run trace"
     missing = [c for c in TRACE_COLUMNS if c not in trace.columns]
     extra = [c for c in trace.columns if c not in TRACE_COLUMNS and not str(c).startswith(NORM_PREFIX)]
-    if missing or extra: raise ValueError(f"Not a run trace: columns {missing} missing, {extra} unknown. A run trace has "
-                                          f"{list(TRACE_COLUMNS)} and `{NORM_PREFIX}<parameter>` columns.")
+    if missing or extra: raise ValueError(f"Not a run trace: columns {missing} missing, {extra} unknown. "
+                                          f"A run trace has {list(TRACE_COLUMNS)} and `{NORM_PREFIX}<parameter>` "
+                                          "columns.")
     cols = _norm_columns(trace)
     norms = np.stack([_exact_float32(trace[c], f'column {c}') for c in cols], 1) if cols else np.zeros((len(trace), 0))
     rows = np.flatnonzero(~np.isnan(norms).all(1)) if cols else []
@@ -135,7 +138,7 @@ def _fmt_norm(v:float) -> str: return 'nan (not recorded)' if np.isnan(v) else r
 class Divergence:
     "Where two run traces part: the first row that differs or is missing from one of them"
     fit:int; epoch:int; iter:int
-    columns:list = field(default_factory=list) # the compared columns that differ: 'loss' and/or norm columns, in trace order
+    columns:list = field(default_factory=list) # the compared columns that differ: 'loss', norm columns, in trace order
     values:dict = field(default_factory=dict) # column -> (value in trace A, value in trace B), for `columns`
     missing:str|None = None # 'A' or 'B' when that trace has no row at this (fit, iter)
 
@@ -201,7 +204,8 @@ def first_divergence(trace_a, # a run trace (`learn.repro_trace`) or a path for 
 
 # %% ../nbs/09_trace.ipynb #79df2ab8
 TRACE_FORMAT, TRACE_VERSION = 'fastrepro.trace', 1  # what a trace file says it is
-CHECKPOINT_TRACE = ('opt', '__fastrepro__', 'callbacks', 'repro_cb', 'trace')  # where a checkpoint keeps ReproCB's trace
+# where a checkpoint keeps ReproCB's trace
+CHECKPOINT_TRACE = ('opt', '__fastrepro__', 'callbacks', 'repro_cb', 'trace')
 
 def save_trace(trace:pd.DataFrame, # a run trace, e.g. `learn.repro_trace`
                path, # the file to write (replaced atomically)
@@ -227,13 +231,15 @@ def load_trace(path, # a file from `save_trace`, or a fastrepro checkpoint (`lea
     path = Path(path)
     if not path.is_file(): raise FileNotFoundError(f"No such file: {path}")
     if not zipfile.is_zipfile(path): raise ValueError(f"{path} is neither a fastrepro trace file nor a checkpoint.")
-    try: d = read_checkpoint(path)  # weights_only, with fastai's own few allowed types (its optimizer state holds an `L`)
+    # weights_only, with fastai's own few allowed types (its optimizer state holds an `L`)
+    try: d = read_checkpoint(path)
     except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
         raise ValueError(f"{path} holds objects that `torch.load(weights_only=True)` refuses: it is not a fastrepro "
                          f"trace file or checkpoint ({str(e).splitlines()[0]})") from e
     if isinstance(d, dict) and d.get('format') == TRACE_FORMAT:
         if d['version'] > TRACE_VERSION:
-            raise ValueError(f"{path} was written by a newer fastrepro (trace format {d['version']}): upgrade fastrepro.")
+            raise ValueError(f"{path} was written by a newer fastrepro (trace format {d['version']}): "
+                             "upgrade fastrepro.")
         return trace_frame(d['trace'])
     return trace_frame(_checkpoint_trace(d, path))
 
@@ -267,7 +273,8 @@ class RunRecord:
     def of(cls, learn:Learner):
         "The record of `learn`'s run"
         mp = getattr(learn, 'mixed_precision', None)
-        return cls(state_digest(learn.model), learn.repro_trace, [[float(v) for v in vals] for vals in learn.recorder.values],
+        return cls(state_digest(learn.model), learn.repro_trace,
+                   [[float(v) for v in vals] for vals in learn.recorder.values],
                    mp.history if hasattr(mp, 'history') else None)
 
     def save(self, path):
@@ -289,7 +296,8 @@ def same_run(a:RunRecord, b:RunRecord) -> tuple[bool, str]:
         a.loss_scale is not None and b.loss_scale is not None and a.loss_scale.equals(b.loss_scale))
     if a.digest == b.digest and d is None and a.values == b.values and scales:
         return True, (f"sha256 {a.digest[:12]}, {len(a.trace)} per-batch losses"
-                      + ('' if a.loss_scale is None else f", {len(a.loss_scale)} loss scales") + " and the metrics equal")
+                      + ('' if a.loss_scale is None else f", {len(a.loss_scale)} loss scales")
+                      + " and the metrics equal")
     why = [] if a.digest == b.digest else [f"model sha256 {a.digest[:12]} vs {b.digest[:12]}"]
     if d is not None: why.append(f"the runs part at {' '.join(str(d).split())}")
     if a.values != b.values:
@@ -324,8 +332,8 @@ DIFF_SAME, DIFF_DIFFER, DIFF_UNREADABLE = 0, 1, 2  # exit codes of `fastrepro di
 
 def _same_text(a:pd.DataFrame, b:pd.DataFrame) -> str:
     norms = [c for c in _norm_columns(a) if c in b.columns]
-    res = (f"The runs are identical: {len(a)} iterations in {a['fit'].nunique()} fit(s), loss and {len(norms)} parameter "
-           "norm column(s) compared.")
+    res = (f"The runs are identical: {len(a)} iterations in {a['fit'].nunique()} fit(s), loss and {len(norms)} "
+           "parameter norm column(s) compared.")
     only = sorted(set(_norm_columns(a)) ^ set(_norm_columns(b)))
     return res + (f"\n{len(only)} norm column(s) in only one run were not compared." if only else '')
 

@@ -37,14 +37,17 @@ class Profile:
     pretrained:bool=False # start the LM from WT103 weights (needs the download; default config only)
     def awd_config(self, clas:bool=False) -> dict:
         "AWD-LSTM config of this profile (fastai's defaults with this size)"
-        cfg = dict((awd_lstm_clas_config if clas else awd_lstm_lm_config), emb_sz=self.emb_sz, n_hid=self.n_hid, n_layers=self.n_layers)
+        cfg = dict((awd_lstm_clas_config if clas else awd_lstm_lm_config), emb_sz=self.emb_sz, n_hid=self.n_hid,
+                   n_layers=self.n_layers)
         return cfg
 
 PROFILES = {
-    'test': Profile('test', n_texts=120, max_chars=400, lm_bs=8, seq_len=24, clas_bs=8, emb_sz=32, n_hid=64, n_layers=2, lm_epochs=2, clas_epochs=3),
-    'fast': Profile('fast', n_texts=400, max_chars=1000, lm_bs=16, seq_len=48, clas_bs=16, emb_sz=64, n_hid=128, n_layers=2, lm_epochs=2, clas_epochs=3),
-    'full': Profile('full', n_texts=None, max_chars=None, lm_bs=64, seq_len=72, clas_bs=64, emb_sz=400, n_hid=1152, n_layers=3,
-                    lm_epochs=4, clas_epochs=4, lm_lr=2e-2, clas_lr=2e-2, pretrained=True),
+    'test': Profile('test', n_texts=120, max_chars=400, lm_bs=8, seq_len=24, clas_bs=8, emb_sz=32, n_hid=64,
+                    n_layers=2, lm_epochs=2, clas_epochs=3),
+    'fast': Profile('fast', n_texts=400, max_chars=1000, lm_bs=16, seq_len=48, clas_bs=16, emb_sz=64, n_hid=128,
+                    n_layers=2, lm_epochs=2, clas_epochs=3),
+    'full': Profile('full', n_texts=None, max_chars=None, lm_bs=64, seq_len=72, clas_bs=64, emb_sz=400, n_hid=1152,
+                    n_layers=3, lm_epochs=4, clas_epochs=4, lm_lr=2e-2, clas_lr=2e-2, pretrained=True),
 }
 
 # %% ../nbs/15_ulmfit.ipynb #3a4fc1b2
@@ -52,7 +55,8 @@ TEXT_COL, LABEL_COL, VALID_COL = 'text', 'label', 'is_valid'  # the columns a CS
 SPLIT_SEED = 42          # seeds the validation split of a CSV without `is_valid` (unless given another seed)
 VALID_PCT = 0.2          # validation share of a CSV without an `is_valid` column (a split seeded with the run seed)
 NETWORK_TIMEOUT_S = 3    # how long to wait for the pretrained weights' server before training from scratch
-DISCRIMINATIVE = 2.6**4  # ULMFiT's discriminative learning rates: the first layer group trains 2.6**4 times slower than the last
+# ULMFiT's discriminative learning rates: the first layer group trains 2.6**4 times slower than the last
+DISCRIMINATIVE = 2.6**4
 ENCODER = 'enc'          # file name (in `models/`) of the language model's saved encoder
 NUM_WORKERS = 0          # DataLoader worker processes; with ReproCB the batches are the same whatever the number
 
@@ -77,7 +81,8 @@ def imdb_sample_path() -> Path:
                         "or pass your own CSV with --data.") from e
 
 # %% ../nbs/15_ulmfit.ipynb #0a393e0c
-def subsample(df:pd.DataFrame, n_texts:int|None, max_chars:int|None, valid_col:str='is_valid', text_col:str='text') -> pd.DataFrame:
+def subsample(df:pd.DataFrame, n_texts:int|None, max_chars:int|None, valid_col:str='is_valid',
+              text_col:str='text') -> pd.DataFrame:
     "The first rows of each split (in the split's proportion), texts cut to `max_chars`"
     if n_texts is not None and n_texts < len(df):
         n_valid = max(1, round(n_texts * df[valid_col].mean()))
@@ -96,9 +101,11 @@ def imdb_sample_df(profile:str|Profile='test') -> pd.DataFrame:
 def lm_dls(df:pd.DataFrame, profile:str|Profile='test', text_col='text', valid_col='is_valid', **kwargs) -> DataLoaders:
     "Language-model DataLoaders (an `LMDataLoader` for training) on the texts of `df`"
     p = get_profile(profile)
-    return TextDataLoaders.from_df(df, text_col=text_col, is_lm=True, valid_col=valid_col, bs=p.lm_bs, seq_len=p.seq_len, **kwargs)
+    return TextDataLoaders.from_df(df, text_col=text_col, is_lm=True, valid_col=valid_col, bs=p.lm_bs,
+                                   seq_len=p.seq_len, **kwargs)
 
-def clas_dls(df:pd.DataFrame, vocab, profile:str|Profile='test', text_col='text', label_col='label', valid_col='is_valid', **kwargs) -> DataLoaders:
+def clas_dls(df:pd.DataFrame, vocab, profile:str|Profile='test', text_col='text', label_col='label',
+             valid_col='is_valid', **kwargs) -> DataLoaders:
     "Classifier DataLoaders (`SortedDL`) on `df`, numericalized with the language model's `vocab`"
     p = get_profile(profile)
     return TextDataLoaders.from_df(df, text_col=text_col, label_col=label_col, valid_col=valid_col, text_vocab=vocab,
@@ -115,8 +122,8 @@ def lm_learner(dls, profile:str|Profile='test', pretrained:bool|None=None, **kwa
 def clas_learner(dls, profile:str|Profile='test', **kwargs):
     "AWD-LSTM text classifier learner for `profile`"
     p = get_profile(profile)
-    return text_classifier_learner(dls, AWD_LSTM, config=p.awd_config(clas=True), pretrained=False, drop_mult=p.drop_mult,
-                                   metrics=accuracy, **kwargs)
+    return text_classifier_learner(dls, AWD_LSTM, config=p.awd_config(clas=True), pretrained=False,
+                                   drop_mult=p.drop_mult, metrics=accuracy, **kwargs)
 
 # %% ../nbs/15_ulmfit.ipynb #0ac45958
 SHARED_SAMPLE = Path('shared')/'data'/'imdb_sample'/'texts.csv'  # where the project keeps its copy, beside the repo
@@ -139,20 +146,26 @@ def install_imdb_sample(csv=None, # a copy of fastai's imdb_sample/texts.csv; de
 # %% ../nbs/15_ulmfit.ipynb #dd07b247
 def _read_csv(path:Path) -> pd.DataFrame:
     "`path` read as a CSV, every way of failing turned into a `DataError`"
-    if not path.exists(): raise DataError(f"{path}: no such file. Pass a CSV of labelled texts ({TEXT_COL!r} and {LABEL_COL!r} columns).")
-    if not path.is_file(): raise DataError(f"{path} is not a file. Pass a CSV of labelled texts ({TEXT_COL!r} and {LABEL_COL!r} columns).")
+    if not path.exists():
+        raise DataError(f"{path}: no such file. Pass a CSV of labelled texts ({TEXT_COL!r} and {LABEL_COL!r} columns).")
+    if not path.is_file():
+        raise DataError(f"{path} is not a file. Pass a CSV of labelled texts ({TEXT_COL!r} and {LABEL_COL!r} columns).")
     try: return pd.read_csv(path)
-    except pd.errors.EmptyDataError: raise DataError(f"{path} is empty: the demo needs a CSV with a header row and labelled texts.") from None
+    except pd.errors.EmptyDataError:
+        raise DataError(f"{path} is empty: the demo needs a CSV with a header row and labelled texts.") from None
     except (pd.errors.ParserError, UnicodeDecodeError, OSError) as e:
-        raise DataError(f"{path} cannot be read as a CSV ({type(e).__name__}: {str(e).splitlines()[0]}). Save it as UTF-8 CSV with "
-                        f"a header row, e.g. from pandas: `df[['text', 'label']].to_csv(path, index=False)`.") from None
+        raise DataError(f"{path} cannot be read as a CSV ({type(e).__name__}: {str(e).splitlines()[0]}). "
+                        f"Save it as UTF-8 CSV with a header row, e.g. from pandas: "
+                        f"`df[['text', 'label']].to_csv(path, index=False)`.") from None
 
 def _valid_flags(s:pd.Series, path) -> pd.Series:
     "The `is_valid` column as booleans: True/False, 1/0 or the strings 'true'/'false'"
     if s.dtype == bool: return s
-    v = s.astype(str).str.strip().str.lower().map({'true': True, 'false': False, '1': True, '0': False, '1.0': True, '0.0': False})
+    v = s.astype(str).str.strip().str.lower().map({'true': True, 'false': False, '1': True, '0': False,
+                                                   '1.0': True, '0.0': False})
     if v.isna().any():
-        raise DataError(f"{path}: column {VALID_COL!r} must be True/False (or 1/0) in every row; got e.g. {s[v.isna()].iloc[0]!r}.")
+        raise DataError(f"{path}: column {VALID_COL!r} must be True/False (or 1/0) in every row; "
+                        f"got e.g. {s[v.isna()].iloc[0]!r}.")
     return v.astype(bool)
 
 # %% ../nbs/15_ulmfit.ipynb #eb836b0a
@@ -160,24 +173,28 @@ def check_text_data(df:pd.DataFrame, # texts, labels and the `is_valid` split
                     where='the data', # how to name the data in messages
                     profile:str|Profile|None=None, # also check there is enough text for this profile's batches
                    ) -> pd.DataFrame:
-    "Raise `DataError` when `df` cannot make a classifier: one class, an empty split, validation labels never trained on, too little text"
+    ("Raise `DataError` when `df` cannot make a classifier: one class, an empty split, validation labels never "
+     "trained on, too little text")
     trn, val = df[~df[VALID_COL]], df[df[VALID_COL]]
     if df[LABEL_COL].nunique() < 2:
-        raise DataError(f"{where}: every text has the label {df[LABEL_COL].iloc[0]!r}. A classifier needs at least two classes.")
+        raise DataError(f"{where}: every text has the label {df[LABEL_COL].iloc[0]!r}. "
+                        "A classifier needs at least two classes.")
     for name, part in (('training', trn), ('validation', val)):
-        if part.empty: raise DataError(f"{where}: the {name} split is empty ({len(df)} texts, {int(df[VALID_COL].sum())} marked "
-                                       f"{VALID_COL}). Mark some rows, but not all, as {VALID_COL}.")
+        if part.empty: raise DataError(f"{where}: the {name} split is empty ({len(df)} texts, "
+                                       f"{int(df[VALID_COL].sum())} marked {VALID_COL}). "
+                                       f"Mark some rows, but not all, as {VALID_COL}.")
     if trn[LABEL_COL].nunique() < 2:
-        raise DataError(f"{where}: the training split has the single class {trn[LABEL_COL].iloc[0]!r}. Put texts of every class in it "
-                        "(shuffle the rows when they are sorted by label).")
+        raise DataError(f"{where}: the training split has the single class {trn[LABEL_COL].iloc[0]!r}. "
+                        "Put texts of every class in it (shuffle the rows when they are sorted by label).")
     unseen = sorted(map(str, set(val[LABEL_COL]) - set(trn[LABEL_COL])))
     if unseen: raise DataError(f"{where}: the validation split has labels the training split never shows: {unseen}.")
     if profile is not None:
         p = get_profile(profile)
         words, need = int(trn[TEXT_COL].str.split().str.len().sum()), p.lm_bs * p.seq_len + 1
         if words < need or len(trn) < p.clas_bs:
-            raise DataError(f"{where}: too little text for the {p.name} profile: {len(trn)} training texts with {words} words; its "
-                            f"batches need at least {p.clas_bs} texts and {need} words. Add texts or use --profile test.")
+            raise DataError(f"{where}: too little text for the {p.name} profile: {len(trn)} training texts with "
+                            f"{words} words; its batches need at least {p.clas_bs} texts and {need} words. "
+                            "Add texts or use --profile test.")
     return df
 
 # %% ../nbs/15_ulmfit.ipynb #7da54162
@@ -189,8 +206,9 @@ def read_text_csv(path, # a CSV with a `text` and a `label` column, optionally `
     path = Path(path)
     df = _read_csv(path)
     missing = [c for c in (TEXT_COL, LABEL_COL) if c not in df.columns]
-    if missing: raise DataError(f"{path} has no {' or '.join(map(repr, missing))} column (its columns: {list(df.columns)}). The demo needs "
-                                f"{TEXT_COL!r} (the texts) and {LABEL_COL!r} (their classes), optionally {VALID_COL!r} (True for validation rows).")
+    if missing: raise DataError(f"{path} has no {' or '.join(map(repr, missing))} column "
+                                f"(its columns: {list(df.columns)}). The demo needs {TEXT_COL!r} (the texts) and "
+                                f"{LABEL_COL!r} (their classes), optionally {VALID_COL!r} (True for validation rows).")
     df = df.dropna(subset=[TEXT_COL, LABEL_COL]).reset_index(drop=True)
     if df.empty: raise DataError(f"{path} has no row with both a {TEXT_COL!r} and a {LABEL_COL!r}.")
     df[TEXT_COL] = df[TEXT_COL].astype(str)
@@ -203,13 +221,16 @@ def labelled_texts(data=None, # a CSV for `read_text_csv`; None: fastai's IMDB s
               profile:str|Profile='fast', # the profile whose `n_texts` and `max_chars` cut the data
               seed:int=SPLIT_SEED, # seeds the validation split of a CSV without `is_valid`
              ) -> pd.DataFrame:
-    "Labelled texts: the CSV `data` or the IMDB sample (a project copy if there is one, else a download), cut to `profile`'s size"
+    ("Labelled texts: the CSV `data` or the IMDB sample (a project copy if there is one, else a download), "
+     "cut to `profile`'s size")
     p = get_profile(profile)
     if data is not None: df = subsample(read_text_csv(data, seed), p.n_texts, p.max_chars)
     else:
-        if not (fastai_path('data')/'imdb_sample'/'texts.csv').exists(): install_imdb_sample()  # None when there is no project copy
+        # `install_imdb_sample` returns None when there is no project copy
+        if not (fastai_path('data')/'imdb_sample'/'texts.csv').exists(): install_imdb_sample()
         df = imdb_sample_df(p)  # the download, or a `DataError` that says how to provide the sample
-    return check_text_data(df, 'the IMDB sample' if data is None else f'{data} (first texts for the {p.name} profile)', p)
+    return check_text_data(df, 'the IMDB sample' if data is None
+                           else f'{data} (first texts for the {p.name} profile)', p)
 
 # %% ../nbs/15_ulmfit.ipynb #4ea2be7b
 def pretrained_weights(profile:str|Profile, # the profile to run
@@ -218,21 +239,24 @@ def pretrained_weights(profile:str|Profile, # the profile to run
     "Can `profile` start from fastai's WT103 weights? `(available, why)`: they must be here or downloadable now"
     p = get_profile(profile)
     if not p.pretrained:
-        return False, (f"trained from scratch: the {p.name} profile's small AWD-LSTM (emb {p.emb_sz}, hidden {p.n_hid}, "
-                       f"{p.n_layers} layers) has no pretrained weights")
+        return False, (f"trained from scratch: the {p.name} profile's small AWD-LSTM (emb {p.emb_sz}, "
+                       f"hidden {p.n_hid}, {p.n_layers} layers) has no pretrained weights")
     url = URLs.WT103_FWD
     here = fastai_path('model')/Path(urlparse(url).path).stem
     if list(here.glob('*.pth')): return True, f"fine-tuned from fastai's WT103 weights ({here})"
     host = urlparse(url).hostname
     try: socket.create_connection((host, 443), timeout=timeout).close()
-    except OSError as e: return False, f"trained from scratch: offline, the WT103 weights could not be downloaded ({host}: {e})"
+    except OSError as e:
+        return False, f"trained from scratch: offline, the WT103 weights could not be downloaded ({host}: {e})"
     try: untar_data(url, c_key='model')
     except Exception as e: return False, f"trained from scratch: the WT103 download failed ({type(e).__name__}: {e})"
     return True, "fine-tuned from fastai's WT103 weights (downloaded)"
 
 # %% ../nbs/15_ulmfit.ipynb #d94182c5
-Stage = namedtuple('Stage', 'freeze_to n_epoch lr')  # one `fit_one_cycle`: `learn.freeze_to(freeze_to)` (0: all layers), epochs, lr (a slice: discriminative)
-CLAS_RECIPE = ((-1, 1, 1.), (-2, 1, 1/2), (-3, 1, 1/4), (0, 2, 1/20))  # fastai's gradual unfreezing: (freeze_to, epochs, lr / clas_lr)
+# one `fit_one_cycle`: `learn.freeze_to(freeze_to)` (0: all layers), epochs, lr (a slice: discriminative)
+Stage = namedtuple('Stage', 'freeze_to n_epoch lr')
+# fastai's gradual unfreezing: (freeze_to, epochs, lr / clas_lr)
+CLAS_RECIPE = ((-1, 1, 1.), (-2, 1, 1/2), (-3, 1, 1/4), (0, 2, 1/20))
 
 # %% ../nbs/15_ulmfit.ipynb #83317a07
 def lm_stages(profile:str|Profile, # the profile
@@ -248,7 +272,8 @@ def clas_stages(profile:str|Profile, # the profile
     "The classifier's fits: fastai's gradual unfreezing for a pretrained profile, else one fit of every layer"
     p = get_profile(profile)
     if not p.pretrained: return [Stage(0, p.clas_epochs, p.clas_lr)]
-    return [Stage(f, n, p.clas_lr*k if f == -1 else slice(p.clas_lr*k/DISCRIMINATIVE, p.clas_lr*k)) for f, n, k in CLAS_RECIPE]
+    return [Stage(f, n, p.clas_lr*k if f == -1 else slice(p.clas_lr*k/DISCRIMINATIVE, p.clas_lr*k))
+            for f, n, k in CLAS_RECIPE]
 
 # %% ../nbs/15_ulmfit.ipynb #aaa2345c
 def fit_stage(learn:Learner, # the learner, its layer groups frozen as the stage says

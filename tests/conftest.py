@@ -1,4 +1,5 @@
-"""Shared fixtures and helpers: the IMDB sample under a temporary FASTAI_HOME (nothing is downloaded), the command line in
+"""Shared fixtures and helpers: the IMDB sample under a temporary \
+FASTAI_HOME (nothing is downloaded), the command line in
 a fresh process, and bit-for-bit model comparison."""
 import os, shutil, subprocess, sys
 from pathlib import Path
@@ -24,8 +25,8 @@ def fastai_home(tmp_path_factory):
 
 def fastrepro_cli(*args, cwd=ROOT, timeout=CLI_TIMEOUT_S, **env) -> subprocess.CompletedProcess:
     "Run `python -m fastrepro.cli args` in a fresh process (this checkout's fastrepro first on its path)"
-    env = {**os.environ, 'PYTHONPATH': os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]), 'MPLBACKEND': 'Agg',
-           **env}
+    env = {**os.environ, 'PYTHONPATH': os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]),
+           'MPLBACKEND': 'Agg', **env}
     return subprocess.run([sys.executable, '-m', 'fastrepro.cli', *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -49,7 +50,8 @@ def run_py(code, cwd, env=None, timeout=600):
     "Run `code` in a fresh Python process; return its stdout (raise with its stderr on failure)"
     e = dict(os.environ, **(env or {}))
     r = subprocess.run([sys.executable, '-c', code], cwd=cwd, env=e, capture_output=True, text=True, timeout=timeout)
-    if r.returncode != 0: raise AssertionError(f"subprocess failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}")
+    if r.returncode != 0:
+        raise AssertionError(f"subprocess failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}")
     return r.stdout
 
 

@@ -37,9 +37,11 @@ class Stop(Callback):
 
 class Hit(Callback):
     "Send `signum` to this process after training iteration `it`, on rank `rank` only"
-    def __init__(self, it, signum, rank): store_attr(); self.order = CheckpointCB.order + (1 if signum == signal.SIGKILL else -1)
+    def __init__(self, it, signum, rank):
+        store_attr(); self.order = CheckpointCB.order + (1 if signum == signal.SIGKILL else -1)
     def after_batch(self):
-        if self.training and self.learn.train_iter == self.it and rank_distrib() == self.rank: os.kill(os.getpid(), self.signum)
+        if self.training and self.learn.train_iter == self.it and rank_distrib() == self.rank:
+            os.kill(os.getpid(), self.signum)
 
 def learner(out, seed=0):
     seed_everything(seed)

@@ -22,7 +22,8 @@ while True:
 def kill_while_saving(folder, delay):
     "Start a saver, let it finish two saves, SIGKILL it `delay` seconds later; True if it died inside a save"
     folder.mkdir()
-    p = subprocess.Popen([sys.executable, '-c', SAVER, str(folder)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, '-c', SAVER, str(folder)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
     try:
         saved = 0
         while saved < 2:

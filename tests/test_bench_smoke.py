@@ -28,9 +28,9 @@ def test_results_md_keeps_analysis(tmp_path):
     from _common import Config
     md = tmp_path/'RESULTS.md'
     md.write_text(f"# analysis above\n\n{BEGIN}\nold numbers\n{END}\n\n## analysis below\n")
-    machine = dict(date='d', cpu='c', logical_cpus=2, torch_threads=1, interop_threads=1, python='3', torch='t', fastai='f',
-                   fastcore='fc', fastrepro='fr', numpy='n', platform='p', commit='x', load_avg_start=(0, 0, 0),
-                   load_avg_end=(0, 0, 0), load_max=0.5, quiet=True)
+    machine = dict(date='d', cpu='c', logical_cpus=2, torch_threads=1, interop_threads=1, python='3', torch='t',
+                   fastai='f', fastcore='fc', fastrepro='fr', numpy='n', platform='p', commit='x',
+                   load_avg_start=(0, 0, 0), load_avg_end=(0, 0, 0), load_max=0.5, quiet=True)
     write_results(tmp_path, machine, Config.make(quick=True, out=tmp_path/'out'), [], {}, 1.0)
     text = md.read_text()
     assert text.startswith('# analysis above') and text.rstrip().endswith('## analysis below')
@@ -41,5 +41,6 @@ def test_gpu_bench_without_gpu():
     "Without CUDA the GPU script says so and exits 0 (on a GPU machine this test is skipped: run the script itself)"
     import torch
     if torch.cuda.is_available(): pytest.skip('CUDA is here: run scripts/gpu_bench.py itself')
-    r = subprocess.run([sys.executable, str(ROOT/'scripts'/'gpu_bench.py')], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, str(ROOT/'scripts'/'gpu_bench.py')], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 0 and 'no CUDA device' in r.stdout, r.stdout + r.stderr

@@ -33,7 +33,8 @@ def test_other_architecture_is_refused(saved):
     from fastai.text.all import awd_lstm_clas_config, AWD_LSTM, text_classifier_learner
     path, df, vocab = saved
     learn = text_classifier_learner(clas_dls(df, vocab=vocab), AWD_LSTM, pretrained=False, path=path,
-                                    config=dict(awd_lstm_clas_config, emb_sz=32, n_hid=48, n_layers=2), cbs=ReproCB(seed=1))
+                                    config=dict(awd_lstm_clas_config, emb_sz=32, n_hid=48, n_layers=2),
+                                    cbs=ReproCB(seed=1))
     with pytest.raises(CheckpointError, match='another architecture'): learn.load('ck')
 
 def test_truncated_file_is_refused(saved):

@@ -1,4 +1,5 @@
-"End to end tests of the `fastrepro` command line: each runs `python -m fastrepro.cli` as its own process, on a ledger built here."
+("End to end tests of the `fastrepro` command line: each runs `python -m fastrepro.cli` as its own process, "
+ "on a ledger built here.")
 import sys, json, shutil, subprocess
 import git, pytest
 from fastrepro.ledger import Ledger, LEDGER_ENV
@@ -7,15 +8,18 @@ from conftest import fastrepro_cli as fastrepro, assert_user_error, CLI_TIMEOUT_
 
 @pytest.fixture(scope='module')
 def ledger(tmp_path_factory):
-    "A ledger with 5 seeds of a baseline, a better variant, a worse one, one failed run and a variant under a new metric version"
+    ("A ledger with 5 seeds of a baseline, a better variant, a worse one, one failed run and a variant under a new "
+     "metric version")
     path = tmp_path_factory.mktemp('ledger')/'runs.db'
     lab = Ledger(path)
     noise = (-0.002, 0.001, 0.0, 0.002, -0.001)
-    for variant, acc, version in (('baseline', 0.90, 1), ('mixup', 0.91, 1), ('dropout0', 0.88, 1), ('newval', 0.93, 2)):
+    for variant, acc, version in (('baseline', 0.90, 1), ('mixup', 0.91, 1), ('dropout0', 0.88, 1),
+                                  ('newval', 0.93, 2)):
         for seed, n in enumerate(noise):
             lab.add(dict(experiment='imdb', variant=variant, seed=seed, commit='0123456789abcdef0123', dirty=False,
                          metric_version=version, hyperparameters={'lr': 1e-3, 'epochs': 2},
-                         metrics={'final': {'accuracy': acc + n, 'error_rate': 1 - acc - n}, 'best': {'accuracy': acc + n + 0.001}}))
+                         metrics={'final': {'accuracy': acc + n, 'error_rate': 1 - acc - n},
+                                  'best': {'accuracy': acc + n + 0.001}}))
     lab.add(dict(experiment='imdb', variant='mixup', seed=5, status='failed', notes='CUDA out of memory'))
     lab.add(dict(experiment='cifar', variant='baseline', seed=0, metrics={'final': {'accuracy': 0.7}}))
     return path
@@ -52,8 +56,8 @@ def test_missing_ledger(tmp_path):
 
 
 def test_compare(ledger):
-    res = fastrepro('compare', '--ledger', ledger, '--experiment', 'imdb', '--baseline', 'baseline', '--variant', 'mixup',
-                    '--metric', 'accuracy')
+    res = fastrepro('compare', '--ledger', ledger, '--experiment', 'imdb', '--baseline', 'baseline',
+                    '--variant', 'mixup', '--metric', 'accuracy')
     assert res.returncode == 0 and res.stderr == '', res.stderr
     assert 'imdb/mixup vs imdb/baseline' in res.stdout and 'verdict: progression' in res.stdout
     assert '95% CI' in res.stdout and "Hedges' g" in res.stdout
@@ -68,14 +72,15 @@ def test_compare_lower_is_better_json(ledger):
 
 
 def test_compare_fail_on_regression(ledger):
-    res = fastrepro('compare', '--ledger', ledger, '--experiment', 'imdb', '--baseline', 'baseline', '--variant', 'dropout0',
-                    '--metric', 'accuracy', '--fail-on-regression')
+    res = fastrepro('compare', '--ledger', ledger, '--experiment', 'imdb', '--baseline', 'baseline',
+                    '--variant', 'dropout0', '--metric', 'accuracy', '--fail-on-regression')
     assert res.returncode == 1 and 'verdict: regression' in res.stdout
 
 
 def test_compare_errors(ledger):
     base = ('compare', '--ledger', ledger, '--experiment', 'imdb', '--baseline', 'baseline', '--metric', 'accuracy')
-    assert_user_error(fastrepro(*base, '--variant', 'cutmix'), "No variant 'cutmix' of experiment 'imdb'", 'mixup (6 runs)')
+    assert_user_error(fastrepro(*base, '--variant', 'cutmix'), "No variant 'cutmix' of experiment 'imdb'",
+                      'mixup (6 runs)')
     assert_user_error(fastrepro(*base, '--variant', 'newval'), 'metric_version', 're-run the baseline')
 
 

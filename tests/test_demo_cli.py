@@ -1,4 +1,5 @@
-"""End to end tests of `fastrepro demo`: the test profile's whole demo in a fresh process (report files, exit code 0, every
+"""End to end tests of `fastrepro demo`: the test profile's \
+whole demo in a fresh process (report files, exit code 0, every
 check passed), and input it cannot use (exit code 2, one clear message, no traceback)."""
 import json
 import pandas as pd
@@ -6,7 +7,8 @@ import pytest
 from conftest import fastrepro_cli, assert_user_error, CLI_TIMEOUT_S
 
 DEMO_TIMEOUT_S = 600   # the test profile takes about 1.5 minutes on a loaded 2-core CPU
-CHECKS = ['same seed, same bits', 'killed and resumed', 'fp16 loss scale', 'nondeterminism found', 'change over seeds', 'fast loop']
+CHECKS = ['same seed, same bits', 'killed and resumed', 'fp16 loss scale', 'nondeterminism found', 'change over seeds',
+          'fast loop']
 
 
 def demo(*args, timeout=CLI_TIMEOUT_S, **env):
@@ -60,13 +62,16 @@ def test_empty_file(tmp_path):
 
 def test_header_only(tmp_path):
     (tmp_path/'header.csv').write_text('text,label\n')
-    assert_user_error(demo('--profile', 'test', '--data', tmp_path/'header.csv', '--out', tmp_path/'o'), 'no row with both')
+    assert_user_error(demo('--profile', 'test', '--data', tmp_path/'header.csv', '--out', tmp_path/'o'),
+                      'no row with both')
 
 
 def test_unreadable(tmp_path):
     (tmp_path/'binary.csv').write_bytes(bytes(range(256)) * 8)
-    assert_user_error(demo('--profile', 'test', '--data', tmp_path/'binary.csv', '--out', tmp_path/'o'), 'cannot be read as a CSV')
-    assert_user_error(demo('--profile', 'test', '--data', tmp_path/'nowhere.csv', '--out', tmp_path/'o'), 'no such file')
+    assert_user_error(demo('--profile', 'test', '--data', tmp_path/'binary.csv', '--out', tmp_path/'o'),
+                      'cannot be read as a CSV')
+    assert_user_error(demo('--profile', 'test', '--data', tmp_path/'nowhere.csv', '--out', tmp_path/'o'),
+                      'no such file')
 
 
 def test_bad_split(csv, tmp_path):
@@ -76,7 +81,8 @@ def test_bad_split(csv, tmp_path):
 
 def test_too_little_text(csv, tmp_path):
     p = csv('small.csv', lambda df: df.assign(is_valid=[False]*9 + [True]*3), n=12)
-    assert_user_error(demo('--profile', 'fast', '--data', p, '--out', tmp_path/'o'), 'too little text for the fast profile')
+    assert_user_error(demo('--profile', 'fast', '--data', p, '--out', tmp_path/'o'),
+                      'too little text for the fast profile')
 
 
 def test_bad_arguments(tmp_path):
@@ -88,8 +94,9 @@ def test_bad_arguments(tmp_path):
 
 
 def test_no_imdb_sample(tmp_path):
-    "No IMDB sample, no project copy (the process runs outside the project) and no network: the message says how to provide it"
-    env = dict(FASTAI_HOME=str(tmp_path/'empty_home'), no_proxy='', https_proxy='http://127.0.0.1:9', http_proxy='http://127.0.0.1:9',
-               HTTPS_PROXY='http://127.0.0.1:9', HTTP_PROXY='http://127.0.0.1:9')
+    ("No IMDB sample, no project copy (the process runs outside the project) and no network: the message says how to "
+     "provide it")
+    env = dict(FASTAI_HOME=str(tmp_path/'empty_home'), no_proxy='', https_proxy='http://127.0.0.1:9',
+               http_proxy='http://127.0.0.1:9', HTTPS_PROXY='http://127.0.0.1:9', HTTP_PROXY='http://127.0.0.1:9')
     res = fastrepro_cli('demo', '--profile', 'test', '--out', tmp_path/'o', cwd=tmp_path, **env)
     assert_user_error(res, 'The IMDB sample is not available', 'imdb_sample/texts.csv', '--data')

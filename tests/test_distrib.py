@@ -9,7 +9,8 @@ from fastrepro.checkpoint import checkpoint_info
 JOB = Path(__file__).with_name('distrib_job.py')
 LAUNCH_TIMEOUT_S = 180  # a launch takes 10-20 s here; a hung collective is a failure, not a wait
 TORCHRUN = [sys.executable, '-m', 'torch.distributed.run']
-pytest.importorskip('accelerate', reason="fastai's distrib_ctx needs Accelerate (pip install accelerate; in the dev extras)")
+pytest.importorskip('accelerate',
+                    reason="fastai's distrib_ctx needs Accelerate (pip install accelerate; in the dev extras)")
 
 
 def _free_port() -> int:

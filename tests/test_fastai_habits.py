@@ -1,5 +1,7 @@
-"""fastai's own habits keep working with fastrepro attached, and change no bits: lr_find before fit, SaveModelCallback in
-its default mode, fine_tune, multi-stage fits (ULMFiT's gradual unfreezing) resumed at a stage boundary, export/load_learner."""
+"""fastai's own habits keep working with fastrepro attached, \
+and change no bits: lr_find before fit, SaveModelCallback in
+its default mode, fine_tune, multi-stage fits (ULMFiT's gradual \
+unfreezing) resumed at a stage boundary, export/load_learner."""
 import warnings
 import pytest, torch
 from fastai.text.all import SaveModelCallback, load_learner

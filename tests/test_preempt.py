@@ -1,6 +1,8 @@
 """Preemption-proof training, each stage a fresh process (`fastrepro.jobs`): a run killed inside an epoch (SIGKILL right
-after a periodic checkpoint of `CheckpointCB(every_iters=3)`, or SIGTERM, after which the callback writes a checkpoint and
-exits with status 143) and resumed in another process (another global seed, stray draws, `one_batch` and `lr_find` before
+after a periodic checkpoint of `CheckpointCB(every_iters=3)`, \
+or SIGTERM, after which the callback writes a checkpoint and
+exits with status 143) and resumed in another process (another \
+global seed, stray draws, `one_batch` and `lr_find` before
 the fit, `learn.load` and the `start_epoch` that `checkpoint_info` reports) ends bit-identical to the uninterrupted run:
 the sha256 of every parameter and buffer, every per-batch loss and parameter norm, the Recorder's values, and in fp16
 every loss-scale row (`same_run`). Also: 2 DataLoader workers, killed twice in one epoch, fastai's trackers, and a
@@ -46,7 +48,8 @@ def preempt_and_resume(job, ref, it, sig, name):
     spec = job.write()
     run(spec, 'preempt', stopped(sig), kill=(it, sig))
     info, n_iter = checkpoint_info(job.path/'models'/'checkpoint.pth'), len(ref.trace)//N_EPOCH
-    epoch, batch = divmod(it, n_iter) if it % n_iter else (it//n_iter - 1, n_iter)  # an epoch's last batch: before its validation
+    # an epoch's last batch: before its validation
+    epoch, batch = divmod(it, n_iter) if it % n_iter else (it//n_iter - 1, n_iter)
     assert (info['start_epoch'], info['batch'], info['iteration']) == (epoch, batch, it), (info, it)
     run(spec, 'resume', checkpoint='checkpoint', record=name)
     check_same(job, ref, name)

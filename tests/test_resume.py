@@ -3,7 +3,8 @@
 Each stage runs in its own process (`fastrepro.jobs`): the reference; a stop (cancelled and `learn.save`d, or killed by
 SIGKILL right after `SaveModelCallback`'s checkpoint); the resume (another global seed, stray draws, `lr_find`,
 `learn.load`, the `start_epoch` that `checkpoint_info` reports). `same_run` compares the final model's sha256 over every
-parameter and buffer, every per-batch loss and parameter norm, the Recorder's values and, in fp16, every loss-scale row."""
+parameter and buffer, every per-batch loss and parameter norm, \
+the Recorder's values and, in fp16, every loss-scale row."""
 import signal
 import pytest
 from fastrepro.jobs import Job, job_process, job_error, STOP_EPOCH
