@@ -263,8 +263,8 @@ class ReproCB(Callback):
         self.record.start(self.learn, self.seed, self.position.fit, self.start_epoch, self.prov, resumed=resumed)
 
     def before_epoch(self):
+        self._unsilence()  # every epoch's start reaches all: `SkipToEpoch` must cancel each skipped one
         if not self.active or self.epoch < self.start_epoch: return
-        self._unsilence()
         if self.resuming is not None: self._resume(self.resuming)
         self._barrier(self.epoch)
         self.position.epoch, self.position.batch = self.epoch, self._first_batch()
