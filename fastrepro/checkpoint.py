@@ -248,8 +248,8 @@ _OWN_MODULES = {'repro_cb': 'fastrepro.callback', 'mixed_precision': 'fastrepro.
                 'checkpoint_cb': 'fastrepro.preempt'}
 
 def _import_own(name:str):
-    "Import the module of fastrepro's own callback `name`, which registers what it registers"
-    if name in _OWN_MODULES: importlib.import_module(_OWN_MODULES[name])
+    "Import the module of fastrepro's own callback `name`, unless it registered (its summary, its upgrades) already"
+    if name not in _summaries and name in _OWN_MODULES: importlib.import_module(_OWN_MODULES[name])
 
 def checkpoint_summary(name:str, # the callback's `name`, under which its state is stored
                       ):
@@ -301,7 +301,7 @@ def upgrade_state(extra:dict, # fastrepro's part of a checkpoint (`split_state`)
 
 # %% ../nbs/02_checkpoint.ipynb #42f1625c
 def _from_v1(extra:dict) -> dict:
-    "Format 1's layout as format 2's: the signatures out of `meta` (the rest of it copied the callbacks' states)"
+    "Format 1's layout as format 2's: the signatures out of `meta` (the rest repeated callback states or went unread)"
     meta = extra['meta']
     return {'format': 2, 'model': meta['model'], 'data': meta['data'], 'callbacks': extra['callbacks']}
 
