@@ -464,6 +464,31 @@ def _repro_summary(state:dict) -> dict:
                 iteration=pos['train_iter'], env=prov['env'], git=unpack_git(prov['git']), device=prov['device'],
                 world_size=state['world_size'])
 
+# %% ../nbs/03_callback.ipynb #e7ca0cb8
+_V1_TRACE_KEYS = {'fp_names': 'param_names', 'fp_rows': 'norm_rows', 'fp': 'norms'}  # format 1's names of the norms
+
+@checkpoint_upgrade('repro_cb', 1)
+def _repro_from_v1(d:dict, learn:Learner|None) -> tuple:
+    "A format-1 `ReproCB` state in format 2, and notes on what a resume of it lacks"
+    meta, nxt = d['meta'], d['epoch'] + 1  # format 1 stored the last epoch done (-1: none), format 2 the next to run
+    env = dict(meta['env'], switches={**meta['env']['switches'], **meta['switches']}, num_threads=meta['num_threads'])
+    pos = dict(fit=d['fit_idx'], n_epoch=d['n_epoch'], epoch=nxt, batch=0, train_iter=d['train_iter'])
+    res = dict(seed=d['seed'], position=pos, grad_present=d['grad_present'], recorder=d['recorder'],
+               trace={_V1_TRACE_KEYS.get(k, k): v for k, v in d['trace'].items()},
+               provenance=dict(env=env, git=meta['git'], device=meta['device']), ledger_run=None, fastai_callbacks={},
+               world_size=1)  # format 1 ran in one process
+    orders = [o.get('order') for o in d['rng'].get('loaders', [])]
+    if any(o is not None for o in orders): res['loader_orders'] = orders
+    notes = []
+    if d['mid_epoch']:
+        notes.append(f"format 1 holds no state to resume inside epoch {nxt}, where it was written: the resume restarts "
+                     "that epoch at its first batch, from the weights of its middle, so it is not bit-identical.")
+    cbs = learn.cbs if learn is not None else []  # `checkpoint_info` reads without a learner
+    kept = [cb.name for cb in cbs if isinstance(cb, (TrackerCallback, GradientAccumulation))]
+    if kept: notes.append(f"format 1 holds no state of {kept}: they restart (best value, patience, lowered rates, "
+                          "accumulated gradients), so the resume is not bit-identical.")
+    return res, notes
+
 # %% ../nbs/03_callback.ipynb #c6881974
 @patch(as_prop=True)
 def repro_trace(self:Learner) -> pd.DataFrame:

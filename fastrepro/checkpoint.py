@@ -14,11 +14,12 @@ from .core import *
 # %% auto #0
 __all__ = ['STATE_KEY', 'FORMAT_VERSION', 'TMP_PREFIX', 'DURABLE', 'CheckpointError', 'atomic_torch_save', 'fastai_safe_globals',
            'read_checkpoint', 'split_state', 'model_signature', 'data_signature', 'check_compatible',
-           'checkpoint_state', 'callback_states', 'to_plain', 'checkpoint_summary', 'checkpoint_info']
+           'checkpoint_state', 'callback_states', 'to_plain', 'checkpoint_summary', 'checkpoint_info',
+           'checkpoint_upgrade', 'upgrade_state']
 
 # %% ../nbs/02_checkpoint.ipynb #f299278a
 STATE_KEY = '__fastrepro__'   # where fastrepro's state lives inside the optimizer entry
-FORMAT_VERSION = 1            # the checkpoint layout; a change bumps it, and the previous version keeps loading
+FORMAT_VERSION = 2            # the checkpoint layout; a change bumps it, and older ones keep loading (`upgrade_state`)
 
 # %% ../nbs/02_checkpoint.ipynb #e0329bf7
 class CheckpointError(RuntimeError):
@@ -122,9 +123,7 @@ def data_signature(dls) -> dict:
 # %% ../nbs/02_checkpoint.ipynb #24b25f7e
 def check_compatible(learn, extra:dict, file):
     "Raise `CheckpointError` when the checkpoint in `file` (fastrepro state `extra`) belongs to another model or data"
-    if extra['format'] > FORMAT_VERSION:
-        raise CheckpointError(f"{file} was written by a newer fastrepro (checkpoint format {extra['format']}; this one "
-                              f"reads up to {FORMAT_VERSION}): upgrade fastrepro to resume from it.")
+    # `extra` is in the current format (`upgrade_state`)
     saved, cur = extra['model'], model_signature(learn.model)
     if saved['digest'] != cur['digest']:
         a, b = saved['shapes'], cur['shapes']
@@ -188,7 +187,7 @@ def save(self:Learner, file, **kwargs):
     return file
 
 # %% ../nbs/02_checkpoint.ipynb #68efeb47
-def _hand_over(learn, extra, file):
+def _hand_over(learn, extra, file, notes=()):
     "Give each stateful callback its part of `extra` (fastrepro state read from `file`): it keeps it pending"
     cbs = stateful_cbs(learn)
     if in_fit(learn): return  # a reload inside a fit (SaveModelCallback's best model) restores weights, not a resume point
@@ -196,6 +195,7 @@ def _hand_over(learn, extra, file):
         if cbs: warnings.warn(f"{file} is a plain fastai checkpoint: it holds no RNG or callback state, so a run "
                               "resumed from it will not be bit-identical to the uninterrupted one.")
         return
+    for note in notes: warnings.warn(f"{file}: {note}")  # what an older format lacks (`upgrade_state`)
     ranks = [extra['callbacks']] + extra.get('rank_callbacks', [])
     saved = ranks[rank_distrib()] if rank_distrib() < len(ranks) else ranks[0]  # this rank's part (see `ReproCB`)
     for cb in cbs:
@@ -221,6 +221,7 @@ def _repro_load(fastai_load, clean_keys=noop):
             res = fastai_load(self, file, device=device, with_opt=with_opt, strict=strict, **kwargs)
             _hand_over(self, None, path)
             return res
+        extra, notes = upgrade_state(extra, path, self)
         check_compatible(self, extra, path)
         # fastai's load_model does these two steps too; the file is read once here instead of twice
         get_model(self.model).load_state_dict(clean_keys(model_state), strict=strict)
@@ -232,7 +233,7 @@ def _repro_load(fastai_load, clean_keys=noop):
                     raise CheckpointError(f"{path}: its optimizer state does not fit this learner's optimizer ({e}); "
                                           "build the learner with the same `opt_func` and parameter groups, or load with "
                                           "`with_opt=False` (the resume will not be exact).") from e
-        _hand_over(self, extra, path)
+        _hand_over(self, extra, path, notes)
         return self
     load.__doc__ = f"{fastai_load.__doc__}; with stateful callbacks attached, also hands them their state"
     return load
@@ -242,8 +243,13 @@ TextLearner.load = _repro_load(TextLearner.load, clean_raw_keys)
 
 # %% ../nbs/02_checkpoint.ipynb #4db791d2
 _summaries = {}  # callback name -> function(state) -> what `checkpoint_info` shows of that callback's state
-# fastrepro's own callbacks register theirs where they are defined; `checkpoint_info` imports those modules when needed
-_OWN_SUMMARIES = {'repro_cb': 'fastrepro.callback', 'mixed_precision': 'fastrepro.fp16', 'checkpoint_cb': 'fastrepro.preempt'}
+# fastrepro's own callbacks register their summaries (and upgrades) where they are defined; imported when needed
+_OWN_MODULES = {'repro_cb': 'fastrepro.callback', 'mixed_precision': 'fastrepro.fp16',
+                'checkpoint_cb': 'fastrepro.preempt'}
+
+def _import_own(name:str):
+    "Import the module of fastrepro's own callback `name`, unless it registered (its summary, its upgrades) already"
+    if name not in _summaries and name in _OWN_MODULES: importlib.import_module(_OWN_MODULES[name])
 
 def checkpoint_summary(name:str, # the callback's `name`, under which its state is stored
                       ):
@@ -256,8 +262,47 @@ def checkpoint_info(path) -> dict:
     _, opt, extra = split_state(read_checkpoint(path, mmap=True))
     res = {'fastrepro': extra is not None, 'has_opt': opt is not None, 'path': str(path)}
     if extra is None: return res
-    res.update(format=extra['format'], callbacks=sorted(extra['callbacks']))
+    res['format'] = extra['format']  # the file's; an older one is summarised upgraded, with what a resume of it lacks
+    extra, res['upgrade_notes'] = upgrade_state(extra, path)
+    res['callbacks'] = sorted(extra['callbacks'])
     for name, state in extra['callbacks'].items():
-        if name not in _summaries and name in _OWN_SUMMARIES: importlib.import_module(_OWN_SUMMARIES[name])
+        _import_own(name)
         if name in _summaries: res.update(_summaries[name](state))
     return res
+
+# %% ../nbs/02_checkpoint.ipynb #67357361
+_upgrades = {}  # (callback name, format) -> function(state, learn) -> (that state in the next format, notes)
+
+def checkpoint_upgrade(name:str, # the callback's `name`, under which its state is stored
+                       version:int, # the checkpoint format the function upgrades that state from (to `version+1`)
+                      ):
+    "Decorator registering `f(state, learn) -> (state, notes)`: callback `name`'s state in the format after `version`"
+    def _register(f): _upgrades[name, version] = f; return f
+    return _register
+
+def upgrade_state(extra:dict, # fastrepro's part of a checkpoint (`split_state`), in any format
+                  file, # the checkpoint's path, for the messages
+                  learn:Learner|None=None, # the learner that loads it; None when it is only read (`checkpoint_info`)
+                 ) -> tuple:
+    "`(extra in the current format, notes on what a resume of it lacks)`; a newer format raises `CheckpointError`"
+    if extra['format'] > FORMAT_VERSION:
+        raise CheckpointError(f"{file} was written by a newer fastrepro (checkpoint format {extra['format']}; this one "
+                              f"reads up to {FORMAT_VERSION}): upgrade fastrepro to resume from it.")
+    notes = []
+    while extra['format'] < FORMAT_VERSION:
+        version, extra, cbs = extra['format'], _FORMAT_UPGRADES[extra['format']](extra), {}
+        for name, state in extra['callbacks'].items():
+            _import_own(name)
+            up = _upgrades.get((name, version))
+            cbs[name], more = up(state, learn) if up else (state, [])
+            notes += more
+        extra['callbacks'] = cbs
+    return extra, notes
+
+# %% ../nbs/02_checkpoint.ipynb #42f1625c
+def _from_v1(extra:dict) -> dict:
+    "Format 1's layout as format 2's: the signatures out of `meta` (the rest repeated callback states or went unread)"
+    meta = extra['meta']
+    return {'format': 2, 'model': meta['model'], 'data': meta['data'], 'callbacks': extra['callbacks']}
+
+_FORMAT_UPGRADES = {1: _from_v1}  # format -> function(fastrepro state) -> its layout in the next format

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np, pandas as pd, torch
 from fastai.basics import *
-from .checkpoint import atomic_torch_save, read_checkpoint
+from .checkpoint import atomic_torch_save, read_checkpoint, split_state, upgrade_state
 
 # %% auto #0
-__all__ = ['TRACE_EVERY', 'TRACE_KEYS', 'TRACE_COLUMNS', 'NORM_PREFIX', 'TRACE_FORMAT', 'TRACE_VERSION', 'CHECKPOINT_TRACE',
-           'DIFF_SAME', 'DIFF_DIFFER', 'DIFF_UNREADABLE', 'Trace', 'compact_trace', 'expand_segments', 'trace_frame',
+__all__ = ['TRACE_EVERY', 'TRACE_KEYS', 'TRACE_COLUMNS', 'NORM_PREFIX', 'TRACE_FORMAT', 'TRACE_VERSION', 'DIFF_SAME',
+           'DIFF_DIFFER', 'DIFF_UNREADABLE', 'Trace', 'compact_trace', 'expand_segments', 'trace_frame',
            'compact_frame', 'Divergence', 'first_divergence', 'save_trace', 'load_trace', 'state_digest', 'RunRecord',
            'same_run', 'plot_losses', 'fastrepro_diff']
 
@@ -204,8 +204,6 @@ def first_divergence(trace_a, # a run trace (`learn.repro_trace`) or a path for 
 
 # %% ../nbs/09_trace.ipynb #79df2ab8
 TRACE_FORMAT, TRACE_VERSION = 'fastrepro.trace', 1  # what a trace file says it is
-# where a checkpoint keeps ReproCB's trace
-CHECKPOINT_TRACE = ('opt', '__fastrepro__', 'callbacks', 'repro_cb', 'trace')
 
 def save_trace(trace:pd.DataFrame, # a run trace, e.g. `learn.repro_trace`
                path, # the file to write (replaced atomically)
@@ -217,13 +215,13 @@ def save_trace(trace:pd.DataFrame, # a run trace, e.g. `learn.repro_trace`
 
 # %% ../nbs/09_trace.ipynb #e7ab1459
 def _checkpoint_trace(d:dict, path:Path) -> dict:
-    "The compact trace `ReproCB` keeps in checkpoint `d`"
-    for k in CHECKPOINT_TRACE:
-        if not isinstance(d, dict) or k not in d:
-            raise ValueError(f"{path} is a checkpoint without a run trace: was it saved by a Learner with `ReproCB` "
-                             "attached?")
-        d = d[k]
-    return d
+    "The compact trace `ReproCB` keeps in checkpoint `d`, of any checkpoint format (an older one is upgraded)"
+    extra = split_state(d)[2]
+    cbs = {} if extra is None else upgrade_state(extra, path)[0]['callbacks']
+    if 'repro_cb' not in cbs:
+        raise ValueError(f"{path} is a checkpoint without a run trace: was it saved by a Learner with `ReproCB` "
+                         "attached?")
+    return cbs['repro_cb']['trace']
 
 def load_trace(path, # a file from `save_trace`, or a fastrepro checkpoint (`learn.save`'s .pth)
               ) -> pd.DataFrame:
