@@ -35,7 +35,8 @@ def _renameat2():
     "glibc's `renameat2` (Linux), or None"
     if not sys.platform.startswith('linux'): return None
     f = getattr(ctypes.CDLL(None, use_errno=True), 'renameat2', None)
-    if f is not None: f.argtypes, f.restype = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint], ctypes.c_int
+    if f is not None: f.argtypes, f.restype = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                                               ctypes.c_uint], ctypes.c_int
     return f
 
 def _exchange(a, b) -> bool:
@@ -74,7 +75,7 @@ def fastai_safe_globals() -> list:
 def read_checkpoint(file, # path of the checkpoint
                     map_location='cpu', # where tensors go
                     mmap:bool=False, # memory-map tensors instead of reading them (fast peeks at metadata)
-                    weights_only:bool=True, # False unpickles anything, faster: only for files you trust (fastai's text loader does)
+                    weights_only:bool=True, # False unpickles anything, faster: for trusted files (fastai's text loader)
                    ) -> dict:
     "Load a checkpoint with `torch.load(weights_only=True)`; a truncated or corrupt file raises `CheckpointError`"
     file = Path(file)
@@ -127,18 +128,20 @@ def check_compatible(learn, extra:dict, file):
     saved, cur = extra['model'], model_signature(learn.model)
     if saved['digest'] != cur['digest']:
         a, b = saved['shapes'], cur['shapes']
-        diffs = [f"{k}: checkpoint {a.get(k)} vs model {b.get(k)}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        diffs = [f"{k}: checkpoint {a.get(k)} vs model {b.get(k)}" for k in sorted(set(a) | set(b))
+                 if a.get(k) != b.get(k)]
         raise CheckpointError(f"{file} was saved from another architecture; {len(diffs)} parameter(s) differ, e.g. "
                               + '; '.join(diffs[:3]) + ". Build the learner with the same architecture and config.")
     saved, cur = extra['data'], data_signature(learn.dls)
     if saved.get('vocab_digest') and cur.get('vocab_digest') and saved['vocab_digest'] != cur['vocab_digest']:
         raise CheckpointError(f"{file} was trained with another vocabulary (sizes {saved['vocab_sizes']}) than this "
                               f"learner's DataLoaders (sizes {cur['vocab_sizes']}): its embeddings would be silently "
-                              "scrambled. Rebuild the DataLoaders with the checkpoint's vocab (`vocab=...`) or the same data.")
+                              "scrambled. Rebuild the DataLoaders with the checkpoint's vocab (`vocab=...`) or the "
+                              "same data.")
 
 # %% ../nbs/02_checkpoint.ipynb #8fa78b9f
 def checkpoint_state(learn, # the learner
-                     states:list|None=None, # each rank's callback states (`callback_states`), rank 0 first; default: this process's
+                     states:list|None=None, # each rank's `callback_states`, rank 0 first; default: this process's
                     ) -> dict:
     "fastrepro's part of a checkpoint of `learn`: the format, what it belongs to, and every stateful callback's state"
     states = states or [callback_states(learn)]
@@ -181,7 +184,8 @@ def save(self:Learner, file, **kwargs):
     if states is not None:
         opt = getattr(self, 'opt', None)
         opt_state = opt.state_dict() if kwargs.get('with_opt', True) and opt is not None else {}
-        state = {'model': get_model(self.model).state_dict(), 'opt': {**opt_state, STATE_KEY: checkpoint_state(self, states)}}
+        state = {'model': get_model(self.model).state_dict(),
+                 'opt': {**opt_state, STATE_KEY: checkpoint_state(self, states)}}
         atomic_torch_save(state, file, pickle_protocol=kwargs.get('pickle_protocol', 2))
     distrib_barrier()  # the other ranks return once the file is complete (fastai's `save_model` does not wait)
     return file
@@ -190,7 +194,8 @@ def save(self:Learner, file, **kwargs):
 def _hand_over(learn, extra, file, notes=()):
     "Give each stateful callback its part of `extra` (fastrepro state read from `file`): it keeps it pending"
     cbs = stateful_cbs(learn)
-    if in_fit(learn): return  # a reload inside a fit (SaveModelCallback's best model) restores weights, not a resume point
+    # a reload inside a fit (SaveModelCallback's best model) restores weights, not a resume point
+    if in_fit(learn): return
     if extra is None:
         if cbs: warnings.warn(f"{file} is a plain fastai checkpoint: it holds no RNG or callback state, so a run "
                               "resumed from it will not be bit-identical to the uninterrupted one.")
@@ -217,7 +222,8 @@ def _repro_load(fastai_load, clean_keys=noop):
         distrib_barrier()
         model_state, opt_state, extra = split_state(read_checkpoint(path, map_location=device or 'cpu',
                                                                     weights_only=kwargs.get('weights_only', True)))
-        if extra is None:   # a plain fastai checkpoint: fastai's own path, then the warning that the resume won't be exact
+        # a plain fastai checkpoint: fastai's own path, then the warning that the resume won't be exact
+        if extra is None:
             res = fastai_load(self, file, device=device, with_opt=with_opt, strict=strict, **kwargs)
             _hand_over(self, None, path)
             return res
@@ -231,8 +237,8 @@ def _repro_load(fastai_load, clean_keys=noop):
                 try: self.opt.load_state_dict(opt_state)
                 except Exception as e:
                     raise CheckpointError(f"{path}: its optimizer state does not fit this learner's optimizer ({e}); "
-                                          "build the learner with the same `opt_func` and parameter groups, or load with "
-                                          "`with_opt=False` (the resume will not be exact).") from e
+                                          "build the learner with the same `opt_func` and parameter groups, or load "
+                                          "with `with_opt=False` (the resume will not be exact).") from e
         _hand_over(self, extra, path, notes)
         return self
     load.__doc__ = f"{fastai_load.__doc__}; with stateful callbacks attached, also hands them their state"
