@@ -59,7 +59,8 @@ def _flush_rows(rows:list, hist:dict):
     trackers = iter(torch.stack([r.growth_tracker for r in scaled]).tolist()) if scaled else None
     for r in rows:
         s, sa, gt = (next(scales), next(scales), next(trackers)) if r.scaled else (1.0, 1.0, 0)
-        for c, v in zip(HISTORY_COLUMNS, (r.fit, r.epoch, r.iter, s, bool(r.skipped), sa, int(gt), bool(r.scaled))): hist[c].append(v)
+        for c, v in zip(HISTORY_COLUMNS, (r.fit, r.epoch, r.iter, s, bool(r.skipped), sa, int(gt), bool(r.scaled))):
+            hist[c].append(v)
 
 def history_frame(hist:dict) -> pd.DataFrame:
     "The loss-scale history `hist` (columns of Python values or tensors) as a DataFrame"
@@ -81,7 +82,7 @@ class ReproMixedPrecision(MixedPrecision):
     name = 'mixed_precision'  # fastai's `to_fp32`, `load_learner(cpu=True)` and its TensorBoard callback look for it
     def __init__(self,
         amp_mode:str|AMPMode=AMPMode.FP16, # 'fp16' (loss-scaled) or 'bf16' (no scaler needed)
-        disable_onednn:bool|None=None, # CPU float16 only: oneDNN off inside autocast; None: only when the model has an `nn.LSTM`
+        disable_onednn:bool|None=None, # CPU float16 only: oneDNN off in autocast; None: if the model has an `nn.LSTM`
         **kwargs # passed to `GradScaler`: `init_scale`, `growth_factor`, `backoff_factor`, `growth_interval`
     ):
         super().__init__(amp_mode, **kwargs)
@@ -96,10 +97,12 @@ class ReproMixedPrecision(MixedPrecision):
         dev = amp_device_type(self.learn)
         if dev == 'cuda': super().before_fit()
         else:
-            with warnings.catch_warnings():  # fastai builds CUDA objects, which warn on a machine without CUDA; replaced
+            # fastai builds CUDA objects, which warn on a machine without CUDA; replaced
+            with warnings.catch_warnings():
                 warnings.simplefilter('ignore')
                 super().before_fit()
-            self.autocast, self.learn.scaler = autocast(dev, dtype=self.autocast.fast_dtype), GradScaler(dev, **self.kwargs)
+            self.autocast, self.learn.scaler = (autocast(dev, dtype=self.autocast.fast_dtype),
+                                                GradScaler(dev, **self.kwargs))
         self.device_type = dev
         off = self.disable_onednn if self.disable_onednn is not None else bool(onednn_fp16_unsupported(self.model))
         self._onednn_off = dev == 'cpu' and self.autocast.fast_dtype == torch.float16 and off
@@ -164,15 +167,16 @@ class ReproMixedPrecision(MixedPrecision):
         "Keep `d` (from `state_dict`) pending; the next fit applies it (see above)"
         if in_lr_find(self.learn): return  # lr_find restores its own temporary checkpoint: not ours
         missing = [k for k in _STATE_KEYS if not isinstance(d, dict) or k not in d]
-        if missing: raise ValueError(f"This is not a ReproMixedPrecision state (no {missing}); it cannot restore the loss "
-                                     "scaler. Load a checkpoint written by fastrepro with this callback attached.")
+        if missing: raise ValueError(f"This is not a ReproMixedPrecision state (no {missing}); it cannot restore the "
+                                     "loss scaler. Load a checkpoint written by fastrepro with this callback attached.")
         self.pending = {**d, 'history': _hist_to_lists(d['history'])}
 
     @property
     def history(self) -> pd.DataFrame:
         "The loss-scale history, one row per optimizer step attempt (the pending one if this callback has none yet)"
         self._flush()
-        return history_frame(self.pending['history'] if self.pending is not None and not self._hist['fit'] else self._hist)
+        return history_frame(self.pending['history'] if self.pending is not None and not self._hist['fit']
+                             else self._hist)
 
     def summary(self) -> dict:
         "Steps, overflows, current, minimum and maximum loss scale of the whole history"
@@ -220,11 +224,13 @@ class ReproMixedPrecision(MixedPrecision):
         "Take the pending state: resume the saved fit, or start a fresh one"
         start, st, self.pending = resume_epoch(self.learn), self.pending, None
         if start > 0 or resume_batch(self.learn):
-            st = st if st is not None else self._own_state(live=False)  # the scaler fastai just built is not ours to resume
-            if st['n_fits'] > 0: return self._resume(st, st['iter'] if resume_batch(self.learn) else st['epoch_end_iter'])
-            warnings.warn(f"This fit resumes at epoch {start}, but no loss-scale state was loaded: the GradScaler restarts "
-                          "at its initial scale, so the run will not match the uninterrupted one. Attach the callback "
-                          "before `learn.load` of a fastrepro checkpoint.")
+            # the scaler fastai just built is not ours to resume
+            st = st if st is not None else self._own_state(live=False)
+            if st['n_fits'] > 0:
+                return self._resume(st, st['iter'] if resume_batch(self.learn) else st['epoch_end_iter'])
+            warnings.warn(f"This fit resumes at epoch {start}, but no loss-scale state was loaded: the GradScaler "
+                          "restarts at its initial scale, so the run will not match the uninterrupted one. Attach the "
+                          "callback before `learn.load` of a fastrepro checkpoint.")
         elif st is not None and not self._hist['fit'] and not self._unflushed:
             self._hist, self.n_fits = st['history'], st['n_fits']
         self.fit_idx, self.n_fits, self._iter, self._epoch_end_iter = self.n_fits, self.n_fits + 1, 0, 0
@@ -234,13 +240,14 @@ class ReproMixedPrecision(MixedPrecision):
         self._unflushed, self.n_fits = [], st['n_fits']
         self.fit_idx = self.n_fits - 1
         h = st['history']
-        keep = [not (f == self.fit_idx and i >= it) for f, i in zip(h['fit'], h['iter'])]  # an abandoned attempt's rows go
+        # an abandoned attempt's rows go
+        keep = [not (f == self.fit_idx and i >= it) for f, i in zip(h['fit'], h['iter'])]
         self._hist = {c: [v for v, k in zip(h[c], keep) if k] for c in HISTORY_COLUMNS}
         self._iter, self._epoch_end_iter = it, st['epoch_end_iter']
         if st['amp_mode'] != self.amp_mode.value:
             warnings.warn(f"The loss-scale state was saved in {st['amp_mode']} mode and this fit runs in "
-                          f"{self.amp_mode.value}: its scaler starts afresh, so the run will not match the uninterrupted one. "
-                          "Resume in the mode the checkpoint was written in.")
+                          f"{self.amp_mode.value}: its scaler starts afresh, so the run will not match the "
+                          "uninterrupted one. Resume in the mode the checkpoint was written in.")
         elif st['scaler']: self.scaler.load_state_dict(st['scaler'])  # bf16's disabled scaler has an empty state
 
 @checkpoint_summary('mixed_precision')
