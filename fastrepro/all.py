@@ -27,7 +27,9 @@ from .ulmfit import *
 from .jobs import *
 
 # %% ../nbs/99_all.ipynb #d209bc32
-from . import core, rng, checkpoint, callback, preempt, data, fp16, distrib, audit, trace, provenance, ledger, stats, sweep, ulmfit, jobs
+from . import (core, rng, checkpoint, callback, preempt, data, fp16, distrib, audit, trace, provenance, ledger,
+                       stats, sweep, ulmfit, jobs)
 # nbdev writes an empty `__all__` for this module; re-export every module's public names instead
-__all__ = ['__version__'] + [n for m in (core, rng, checkpoint, callback, preempt, data, fp16, distrib, audit, trace, provenance, ledger, stats, sweep, ulmfit, jobs)
+__all__ = ['__version__'] + [n for m in (core, rng, checkpoint, callback, preempt, data, fp16, distrib, audit, trace,
+                                         provenance, ledger, stats, sweep, ulmfit, jobs)
                              for n in m.__all__]
