@@ -19,7 +19,8 @@ def demo(*args, timeout=CLI_TIMEOUT_S, **env):
 def test_demo_test_profile(fastai_home, tmp_path):
     "The whole demo, its comparison's seeds in a pool of 2 processes (they give the same floats as in one: `16_demo`)"
     out = tmp_path/'out'
-    res = demo('--profile', 'test', '--workers', '2', '--out', out, timeout=DEMO_TIMEOUT_S)  # check 5's seeds in 2 processes
+    # check 5's seeds in 2 processes
+    res = demo('--profile', 'test', '--workers', '2', '--out', out, timeout=DEMO_TIMEOUT_S)
     assert res.returncode == 0, (res.stdout[-5000:], res.stderr[-5000:])
     for f in ('report.md', 'report.json', 'same_seed.png', 'fp16_loss_scale.png', 'nondeterminism.png', 'variants.png'):
         assert (out/f).is_file() and (out/f).stat().st_size > 0, f
