@@ -19,8 +19,8 @@ def test_bench_quick(tmp_path, fastai_home):
     assert {row['bench'].split()[0] for row in res['rows']} == {'1', '2', '3', '4', '5', '6', '7', '8'}
     md = (tmp_path/'RESULTS.md').read_text()
     assert '<!-- bench:begin -->' in md and 'ratio B/A' in md
-    scratch = {p.name for p in (tmp_path/'out').iterdir()}  # checkpoints and ledgers go under --out, not into bench/
-    assert {'checkpoints', 'ledgers', 'preempt'} <= scratch, scratch
+    scratch = tmp_path/'out'  # checkpoints and ledgers go under --out, not into bench/
+    assert scratch.is_dir() and {'checkpoints', 'ledgers', 'preempt'} <= {p.name for p in scratch.iterdir()}
 
 
 def test_results_md_keeps_analysis(tmp_path):
