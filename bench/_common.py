@@ -1,12 +1,11 @@
 """Shared pieces of the fastrepro benchmarks: configuration, fixed threads, the IMDB-sample data, an interleaved
 A/B timer, timing callbacks, the machine description and the result rows every benchmark returns."""
 from __future__ import annotations
-import os, sys, time, json, random, resource, platform, datetime, functools, warnings, statistics, subprocess
-from dataclasses import dataclass, field, asdict
+import os, time, resource, datetime, functools, warnings, statistics
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path: sys.path.insert(0, str(ROOT))  # measure this checkout's fastrepro, whatever is installed
 SHARED_CSV = ROOT.parent/'shared'/'data'/'imdb_sample'/'texts.csv'
 
 BENCH_THREADS = 1   # torch intra-op threads for every benchmark: fixed so that A and B get the same CPU (2-core machine)
@@ -23,7 +22,7 @@ _SMOKE = dict(name='smoke', n_texts=48, max_chars=300, lm_bs=8, seq_len=16, clas
 
 @dataclass
 class Config:
-    "What one `bench/run.py` invocation asks of the benchmarks"
+    "What one `python -m bench.run` invocation asks of the benchmarks"
     quick: bool = False
     reps: int = FULL_REPS
     warmup: int = WARMUP
@@ -200,28 +199,20 @@ def fit_times(start, end) -> dict:
 
 
 # -- the machine -----------------------------------------------------------------------------------------------------
-def _cpu_model() -> str:
-    try:
-        for line in Path('/proc/cpuinfo').read_text().splitlines():
-            if line.startswith('model name'): return line.split(':', 1)[1].strip()
-    except OSError: pass
-    return platform.processor() or platform.machine()
-
-def _git_commit() -> str:
-    try:
-        c = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        d = subprocess.run(['git', 'status', '--porcelain'], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        return c + (' (dirty working tree)' if d else '')
-    except OSError: return 'unknown'
-
 def machine_info(threads:int) -> dict:
-    import torch, numpy, fastai, fastcore, fastrepro
-    return dict(date=datetime.datetime.now().astimezone().isoformat(timespec='seconds'), cpu=_cpu_model(),
-                logical_cpus=os.cpu_count(), torch_threads=torch.get_num_threads(), bench_threads=threads,
-                interop_threads=torch.get_num_interop_threads(), python=platform.python_version(), torch=torch.__version__,
-                fastai=fastai.__version__, fastcore=fastcore.__version__, fastrepro=fastrepro.__version__,
-                numpy=numpy.__version__, platform=platform.platform(), commit=_git_commit(),
-                load_avg_start=os.getloadavg())
+    """What a run of the benchmarks ran on: fastrepro's own `environment_info` (versions, CPU, GPUs, threads, switches)
+    and `git_info` of this checkout, plus what timings need (date, logical CPUs, threads, load average)"""
+    import torch
+    from fastrepro.provenance import environment_info, git_info
+    date = datetime.datetime.now().astimezone().isoformat(timespec='seconds')
+    return dict(environment_info(), git=git_info(ROOT), date=date, logical_cpus=os.cpu_count(), bench_threads=threads,
+                interop_threads=torch.get_num_interop_threads(), load_avg_start=os.getloadavg())
+
+def code_version(machine:dict) -> str:
+    "The commit of `machine_info`'s checkout, short, and whether its working tree had uncommitted changes"
+    git = machine['git']
+    if not git.get('commit'): return 'not a git checkout' if not git['is_repo'] else 'no commit yet'
+    return git['commit'][:7] + (' (dirty working tree)' if git['dirty'] else '')
 
 
 def quiet_fit(learn, n_epoch=1, lr=1e-3):
@@ -230,7 +221,7 @@ def quiet_fit(learn, n_epoch=1, lr=1e-3):
 
 
 def bench_main(run):
-    "Command line of one benchmark script: `python bench/NAME.py [--quick]` prints its rows"
+    "Command line of one benchmark module: `python -m bench.NAME [--quick]` prints its rows"
     import argparse
     p = argparse.ArgumentParser(); p.add_argument('--quick', action='store_true'); a = p.parse_args()
     cfg = Config.make(a.quick); setup(cfg.threads)

@@ -9,7 +9,7 @@ size is also given without the patch, as for a clean tree. The full run adds a f
 the per-file costs vanish and what is left scales with the file."""
 from __future__ import annotations
 import io, os
-from _common import *
+from ._common import *
 
 TIME_TARGET = 1.2
 SIZE_TARGET_KB = 8   # "plus a few kilobytes"
@@ -39,27 +39,25 @@ def _load_note(plain) -> str:
 
 
 def _size_row(task, path, files, plain, repro, cb, cfg) -> Row:
-    "File sizes; the dirty tree's patch measured exactly by saving once more without it, as for a clean tree"
+    """File sizes; the dirty tree's patch measured exactly by saving once more without it, as for a clean tree.
+    Called after the saves and before any load (a loaded checkpoint's state is what `repro` saves until it fits again)"""
     size = {s: os.path.getsize(path/'models'/f'{files[s]}.pth') for s in files}
-    git = cb.git
-    if git and git.get('patch'):
-        cb.git = {k: v for k, v in git.items() if k != 'patch'}
-        try: clean = os.path.getsize(repro.save(files['fastrepro'] + '_clean'))
-        finally: cb.git = git
-        (path/'models'/f"{files['fastrepro']}_clean.pth").unlink(missing_ok=True)
-    else: clean = size['fastrepro']
-    state = cb.state_dict()
-    empty = _state_bytes({})
-    rng_kb, trace_kb = [(_state_bytes(state[k]) - empty)/1024 for k in ('rng', 'trace')]
-    n_gens = 3 + len(state['rng'].get('loaders', []))
+    patch = cb.prov['patch']  # the dirty tree's patch, which every checkpoint of the fit records
+    cb.prov['patch'] = None     # the rest measured as for a clean tree
+    try:
+        clean = os.path.getsize(repro.save(files['fastrepro'] + '_clean')) if patch else size['fastrepro']
+        empty = _state_bytes({})
+        parts = sorted(((k, (_state_bytes(v) - empty)/1024) for k, v in cb.state_dict().items()), key=lambda o: -o[1])
+    finally: cb.prov['patch'] = patch
+    (path/'models'/f"{files['fastrepro']}_clean.pth").unlink(missing_ok=True)
     patch_kb, clean_kb = (size['fastrepro'] - clean)/1024, (clean - size['fastai'])/1024
-    for f in files.values(): (path/'models'/f'{f}.pth').unlink(missing_ok=True)
     return Row('3 checkpoint', f'{task}, file size', 'KB', size['fastrepro']/1024, size['fastai']/1024,
                size['fastrepro']/size['fastai'], size['fastrepro']/size['fastai'], size['fastrepro']/size['fastai'],
                f'+ a few KB (<= {SIZE_TARGET_KB} KB)', None if cfg.quick else clean_kb <= SIZE_TARGET_KB,
-               note=f"extra {clean_kb:.1f} KB on a clean tree, of which the states of {n_gens} Mersenne-Twister generators "
-                    f"{rng_kb:.1f} KB and the trace of {len(cb.trace.iter)} iterations {trace_kb:.1f} KB; a dirty tree adds "
-                    f"its compressed patch, {patch_kb:.1f} KB here")
+               note=f"extra {clean_kb:.1f} KB on a clean tree; ReproCB's largest parts: "
+                    + ', '.join(f'{k} {kb:.1f} KB' for k, kb in parts[:3]) +
+                    f" (the trace holds {len(cb.trace.iter)} iterations); a dirty tree adds its compressed patch, "
+                    f"{patch_kb:.1f} KB here")
 
 
 def run(cfg:Config) -> list:
@@ -84,6 +82,7 @@ def run(cfg:Config) -> list:
         files = {'fastai': f'{task.replace(" ", "_")}_fastai', 'fastrepro': f'{task.replace(" ", "_")}_fastrepro'}
         learn = {'fastai': plain, 'fastrepro': repro}
         save = interleave({s: (lambda s=s: learn[s].save(files[s]) and None) for s in learn}, reps, cfg.warmup)
+        size = _size_row(task, path, files, plain, repro, cb, cfg)
         load = interleave({s: (lambda s=s: learn[s].load(files[s]) and None) for s in learn}, reps, cfg.warmup)
         rows.append(compare_row('3 checkpoint', f'{task}, learn.save (with optimizer)', 'ms', save['fastai'], save['fastrepro'],
                                 f'<= {TIME_TARGET}x', TIME_TARGET, quick=cfg.quick, scale=1e3, note=_save_note()))
@@ -95,7 +94,8 @@ def run(cfg:Config) -> list:
             rows.append(compare_row('3 checkpoint', f'{task}, learn.load, both with weights_only=False', 'ms', fast['fastai'],
                                     fast['fastrepro'], f'<= {TIME_TARGET}x', TIME_TARGET, quick=cfg.quick, scale=1e3,
                                     note="fastrepro asked for fastai's unchecked unpickler (`learn.load(..., weights_only=False)`)"))
-        rows.append(_size_row(task, path, files, plain, repro, cb, cfg))
+        rows.append(size)
+        for f in files.values(): (path/'models'/f'{f}.pth').unlink(missing_ok=True)
     return rows
 
 

@@ -6,7 +6,7 @@ against fastai's own, for the LM and the classifier training loaders, with `num_
 One round is one full pass over each loader (copies of fastai's loader via `dl.new`), alternating which goes
 first; the ratio is of pass times (throughput is its inverse)."""
 from __future__ import annotations
-from _common import *
+from ._common import *
 
 TARGET = 1.05
 WORKERS = (0, 2)

@@ -4,10 +4,10 @@ cuDNN flags, the cuBLAS workspace) costs by itself. Each round seeds, fits one e
 On a CPU cuDNN and cuBLAS play no part; `use_deterministic_algorithms` can still select slower kernels (for
 example for index_add/scatter in backward passes), and it makes `torch.empty` and friends fill new memory with NaN
 (`torch.utils.deterministic.fill_uninitialized_memory`, on by default), which costs memory bandwidth on every
-allocation. A third variant keeps deterministic=True with that fill off. `scripts/gpu_bench.py` measures the GPU
+allocation. A third variant keeps deterministic=True with that fill off. `bench/gpu_bench.py` measures the GPU
 variant."""
 from __future__ import annotations
-from _common import *
+from ._common import *
 
 
 def run(cfg:Config) -> list:

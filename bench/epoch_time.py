@@ -10,7 +10,7 @@ The tiny `test` profile gets TEST_REPS rounds (its epochs take half a second and
 next on a shared machine, so a median needs many); the larger `fast` profile (the demo's CPU loop) gets FAST_REPS.
 """
 from __future__ import annotations
-from _common import *
+from ._common import *
 
 TARGET, CEILING = 1.02, 1.05
 TEST_REPS = 20

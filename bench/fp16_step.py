@@ -10,7 +10,7 @@ a subclass that builds the same two objects for 'cpu' and changes nothing else. 
   and the ratio is the price of recording the loss scale.
 Step time: the training phase of a one-epoch fit divided by its iterations (validation excluded)."""
 from __future__ import annotations
-from _common import *
+from ._common import *
 
 TARGET = 1.01
 MLP_N, MLP_BS, MLP_WIDTH = 4096, 64, 256   # random regression data and MLP width (full run; --quick uses 1/4 of N)

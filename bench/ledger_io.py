@@ -11,7 +11,7 @@ its address, so it pickles to worker processes)."""
 from __future__ import annotations
 import multiprocessing as mp
 from contextlib import ExitStack
-from _common import *
+from ._common import *
 
 N_RUNS, QUICK_RUNS = 1000, 100  # runs in the compared ledger (half baseline, half experiment)
 WRITERS = 4

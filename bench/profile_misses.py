@@ -1,6 +1,7 @@
 """Where fastrepro's time goes: the evidence behind the misses in RESULTS.md (not part of `run.py`).
 
-    python bench/profile_misses.py [--only step,data,setup,checkpoint,spy] [--profile fast] [--out bench/out/profiles.txt]
+    python -m bench.profile_misses [--only step,data,setup,checkpoint,spy] [--profile fast]
+                                   [--out bench/out/profiles.txt]
 
 - epoch: ReproCB with one part switched off at a time (and the NaN fill off), against no ReproCB: epoch CPU time.
 - step: one training step (forward, backward, optimizer) with the deterministic switches off, on, and on with
@@ -14,7 +15,7 @@
 from __future__ import annotations
 import io, os, sys, shutil, subprocess, tempfile, argparse, cProfile, pstats
 from collections import Counter
-from _common import *
+from ._common import *
 
 SECTIONS = ('epoch', 'step', 'data', 'setup', 'checkpoint', 'spy')
 OUT = []
@@ -200,7 +201,7 @@ def section_spy(cfg):
     spy = shutil.which('py-spy')
     if spy is None: say('\n## spy: py-spy is not installed (pip install py-spy); skipped'); return
     raw = Path(tempfile.mkdtemp(prefix='bench_spy'))/'raw.txt'
-    code = (f"import sys; sys.path.insert(0, {str(ROOT/'bench')!r}); from _common import *; setup(1)\n"
+    code = ("from bench._common import *; setup(1)\n"  # run in ROOT: `python -c` puts it first on the module path
             f"from fastrepro.callback import ReproCB; from fastrepro.ulmfit import lm_learner, get_profile\n"
             f"p = get_profile({cfg.profile!r}); lm, _ = text_data(p)\n"
             f"l = lm_learner(lm, p, cbs=ReproCB(seed=1, allow_dirty=True)); quiet_fit(l); quiet_fit(l, 2)\n")

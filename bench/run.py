@@ -1,9 +1,11 @@
 """Run the fastrepro benchmarks: what reproducibility costs, measured against plain fastai in the same process.
 
-    python bench/run.py            # full run (at most ~10 minutes on a 2-core CPU); writes bench/RESULTS.md and bench/results.json
-    python bench/run.py --quick    # smoke run (well under a minute); too few rounds to judge targets
-    python bench/run.py --quick --out /tmp/b   # write RESULTS.md / results.json elsewhere
-    python bench/run.py --only epoch,trace     # some benchmarks only
+    python -m bench.run            # full run (about 10 minutes on a 2-core CPU): bench/RESULTS.md, bench/results.json
+    python -m bench.run --quick    # smoke run (about a minute); too few rounds to judge targets
+    python -m bench.run --quick --out /tmp/b   # write RESULTS.md / results.json elsewhere
+    python -m bench.run --only epoch,trace     # some benchmarks only
+
+Run from the root of the checkout (see `bench/__init__.py`).
 
 Each benchmark alternates fastrepro (B) and plain fastai (A) in one process, A B, B A, ..., a warm-up round first,
 and reports the median over rounds of the ratio B/A. torch runs with a fixed number of threads (BENCH_THREADS,
@@ -13,17 +15,16 @@ and reports the median over rounds of the ratio B/A. torch runs with a fixed num
 from __future__ import annotations
 import sys, os, time, json, argparse, traceback, importlib, threading
 from pathlib import Path
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Config, Row, setup, machine_info, BENCH_THREADS, WARMUP, ROOT
+from ._common import Config, setup, machine_info, code_version, BENCH_THREADS, ROOT
 
 BENCHMARKS = {  # name -> module (each has run(cfg) -> list[Row])
     'epoch': 'epoch_time', 'data': 'data_loading', 'checkpoint': 'checkpoint_io', 'fp16': 'fp16_step',
-    'ledger': 'ledger_io', 'trace': 'trace_cost', 'deterministic': 'determinism',
+    'ledger': 'ledger_io', 'trace': 'trace_cost', 'deterministic': 'determinism', 'preempt': 'preempt_cost',
 }
 BEGIN, END = '<!-- bench:begin -->', '<!-- bench:end -->'
 QUIET_START = 1.5   # start a full run only below this 1-minute load average (2 cores); run.py warns above it
 QUIET_DURING = 2.0  # ... and judge it on wall time only if the load stays below this (the benchmark itself adds about 1)
-HEADER = "# fastrepro benchmarks\n\nWritten by `python bench/run.py`; analysis may be added outside the markers.\n\n"
+HEADER = "# fastrepro benchmarks\n\nWritten by `python -m bench.run`; analysis may be added outside the markers.\n\n"
 
 
 def _fmt(x) -> str:
@@ -41,10 +42,10 @@ def markdown(machine:dict, cfg:Config, rows:list, errors:dict, wall:float) -> st
     out = [BEGIN, '', f"## Run of {m['date']}{' (--quick: too few rounds to judge the targets)' if cfg.quick else ''}", '',
            '| machine | |', '|---|---|',
            f"| CPU | {m['cpu']} ({m['logical_cpus']} logical CPUs) |",
-           f"| torch threads | {m['torch_threads']} intra-op (fixed by the benchmark), {m['interop_threads']} inter-op |",
+           f"| torch threads | {m['num_threads']} intra-op (fixed by the benchmark), {m['interop_threads']} inter-op |",
            f"| versions | Python {m['python']}, torch {m['torch']}, fastai {m['fastai']}, fastcore {m['fastcore']}, "
            f"fastrepro {m['fastrepro']}, NumPy {m['numpy']} |",
-           f"| platform | {m['platform']} |", f"| code | {m['commit']} |",
+           f"| platform | {m['os']} |", f"| code | {code_version(m)} |",
            f"| load average (1, 5, 15 min) | start {', '.join(f'{x:.2f}' for x in m['load_avg_start'])}; "
            f"end {', '.join(f'{x:.2f}' for x in m['load_avg_end'])}; highest 1-minute value seen "
            f"{m['load_max']:.2f} ({'quiet: verdicts on wall time' if m['quiet'] else f'busy (>= {QUIET_DURING} while running, or >= {QUIET_START} at the start): verdicts on CPU time where measured'}) |",
@@ -110,7 +111,8 @@ def main(argv=None) -> int:
     cfg = Config.make(a.quick, a.reps, a.threads, out=out/'out' if a.out != str(ROOT/'bench') else None)
     setup(cfg.threads)
     machine = machine_info(cfg.threads)
-    print(f"fastrepro benchmarks{' (quick)' if cfg.quick else ''}: {machine['cpu']}, {machine['torch_threads']} torch thread(s), "
+    print(f"fastrepro benchmarks{' (quick)' if cfg.quick else ''}: {machine['cpu']}, "
+          f"{machine['num_threads']} torch thread(s), "
           f"torch {machine['torch']}, fastai {machine['fastai']}, load average {machine['load_avg_start'][0]:.2f}", flush=True)
     rows, errors, loads = [], {}, [machine['load_avg_start'][0]]
     sampler = LoadSampler(); sampler.start()
@@ -120,7 +122,7 @@ def main(argv=None) -> int:
     for n in names:
         t = time.perf_counter()
         try:
-            mod = importlib.import_module(BENCHMARKS[n])
+            mod = importlib.import_module(f'.{BENCHMARKS[n]}', __package__)
             for r in mod.run(cfg):
                 print(r.line() + (f' | {r.note}' if r.note else ''), flush=True)
                 rows.append(r.__dict__)

@@ -4,7 +4,7 @@ the reference; each round fits one learner per N, in rotating order, so all vari
 A fingerprint is one `torch._foreach_norm` over the parameters plus a stack, kept on the device until the epoch ends;
 its cost on its own is measured too, against one training step."""
 from __future__ import annotations
-from _common import *
+from ._common import *
 
 INTERVALS = (1, 10, 100)   # and 0 (off)
 

@@ -12,7 +12,7 @@ It prints whether B and C are bit-identical to A (`torch.equal` on every paramet
 every row of the loss-scale history) and how many loss-scale overflows (skipped steps) each run had.
 Exit status: 0 when all three agree or when there is no CUDA device (it says so), 1 when they differ.
 
-    python scripts/gpu_check.py [--epochs 3] [--profile fast] [--seed 42] [--growth-interval 20] [--csv texts.csv] [--cpu]
+    python -m bench.gpu_check [--epochs 3] [--profile fast] [--seed 42] [--growth-interval 20] [--csv texts.csv] [--cpu]
 """
 import argparse, os, sys, tempfile, time, warnings
 from pathlib import Path

@@ -1,6 +1,6 @@
 """GPU benchmarks: what reproducibility costs on CUDA, measured against plain fastai in the same process.
 
-The GPU variant of `bench/run.py` (benchmarks 1, 4 and 7), for a machine with an NVIDIA GPU. On the IMDB sample
+The GPU variant of `python -m bench.run` (benchmarks 1, 4 and 7), for a machine with an NVIDIA GPU. On the IMDB sample
 with the AWD-LSTM of the `full` profile (not pretrained), each comparison alternates its variants in one process
 (A B, B A, ...), a warm-up round first, and reports the median over rounds of the ratio B/A:
 
@@ -15,18 +15,17 @@ with the AWD-LSTM of the `full` profile (not pretrained), each comparison altern
 CUBLAS_WORKSPACE_CONFIG is set (by `seed_everything`) before CUDA starts, so every variant runs with it: cuBLAS
 reads it when it starts. Results go to GPU_RESULTS.md and gpu_results.json in --out.
 
-    python scripts/gpu_bench.py [--out DIR] [--reps 5] [--profile full] [--csv texts.csv] [--only G1,G2,G3]
-    python scripts/gpu_bench.py --cpu      # smoke-test this script on the CPU with tiny models (numbers mean nothing)
+    python -m bench.gpu_bench [--out DIR] [--reps 5] [--profile full] [--csv texts.csv] [--only G1,G2,G3]
+    python -m bench.gpu_bench --cpu      # smoke-test this script on the CPU with tiny models (numbers mean nothing)
 
 Without CUDA (and without --cpu) it says so and exits 0. Tokenization uses spaCy when it is installed, else fastai's
 `BaseTokenizer` (split on spaces), which changes the vocabulary but not what is measured.
 """
 import argparse, json, os, sys, time, warnings
 from pathlib import Path
+from ._common import (Config, interleave, compare_row, timing_cbs, fit_times, quiet_fit, machine_info, SEED, SHARED_CSV,
+                      ROOT)
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT/'bench'))
-sys.path.insert(0, str(ROOT))
 COMPARISONS = ('G1', 'G2', 'G3')
 # The `full` profile's AWD-LSTM (emb 400, hidden 1152, 3 layers, batch 64) on the whole sample, reviews cut to
 # GPU_MAX_CHARS characters so that the classifier's epoch stays around a second and a 5-round run fits in minutes
@@ -65,8 +64,6 @@ def main(argv=None) -> int:
               "(or with --cpu to smoke-test it).")
         return 0
     only = [o.strip() for o in a.only.split(',') if o.strip()] or list(COMPARISONS)
-    from _common import (Config, Row, interleave, compare_row, timing_cbs, fit_times, median, quiet_fit, SEED, SHARED_CSV,
-                         machine_info)
     warnings.filterwarnings('ignore')
     from fastrepro.rng import seed_everything, deterministic_switches, set_switches
     seed_everything(SEED, deterministic=False)  # sets CUBLAS_WORKSPACE_CONFIG before any CUDA work
@@ -90,8 +87,7 @@ def main(argv=None) -> int:
     lm = lm_dls(df, prof, device=device, tok_tfm=tok)
     clas = clas_dls(df, lm.vocab, prof, device=device, tok_tfm=tok)
     machine = machine_info(torch.get_num_threads())
-    machine.update(gpu=torch.cuda.get_device_name(0) if cuda else None, cuda=torch.version.cuda,
-                   cudnn=torch.backends.cudnn.version() if cuda else None, device=device, tokenizer=tok_name,
+    machine.update(gpu=machine['gpus'][0] if cuda else None, device=device, tokenizer=tok_name,
                    data_s=round(time.perf_counter() - t0, 1))
     print(f"gpu_bench on {machine['gpu'] or 'CPU (smoke test)'}: torch {machine['torch']}, CUDA {machine['cuda']}, cuDNN "
           f"{machine['cudnn']}, profile {cfg.profile}, tokenizer {tok_name}, data built in {machine['data_s']} s", flush=True)
@@ -174,7 +170,7 @@ def write(out:Path, machine:dict, cfg, rows:list, errors:dict, wall:float):
     (out/'gpu_results.json').write_text(json.dumps(dict(machine=machine, reps=cfg.reps, profile=cfg.profile, wall_s=wall,
                                                         rows=rows, errors=errors), indent=1, default=str))
     m = machine
-    lines = ['# fastrepro GPU benchmarks', '', f"Written by `python scripts/gpu_bench.py` on {m['date']}.", '',
+    lines = ['# fastrepro GPU benchmarks', '', f"Written by `python -m bench.gpu_bench` on {m['date']}.", '',
              f"GPU {m['gpu']}, CUDA {m['cuda']}, cuDNN {m['cudnn']}, torch {m['torch']}, fastai {m['fastai']}, Python {m['python']}; "
              f"CPU {m['cpu']} ({m['logical_cpus']} logical CPUs); profile `{cfg.profile}`; tokenizer {m['tokenizer']}; "
              f"{cfg.warmup} warm-up + {cfg.reps} timed rounds per comparison; {wall:.0f} s.", '',

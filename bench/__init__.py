@@ -1,0 +1,11 @@
+"""The fastrepro benchmarks: what reproducibility costs, measured against plain fastai in the same process.
+
+Run them as modules from the root of the checkout, so that the fastrepro they measure is this checkout's whatever is
+installed (`python -m` puts the current folder first on the module path):
+
+    python -m bench.run [--quick]          # every CPU benchmark; writes bench/RESULTS.md and bench/results.json
+    python -m bench.epoch_time [--quick]   # one benchmark, its rows printed
+    python -m bench.gpu_bench [--cpu]      # the GPU benchmarks (GPU_RESULTS.md)
+    python -m bench.gpu_check [--cpu]      # is float16 training and resume bit-identical on this GPU?
+    python -m bench.profile_misses         # where fastrepro's time goes (the profiles quoted in RESULTS.md)
+"""
