@@ -8,13 +8,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_CSV = ROOT.parent/'shared'/'data'/'imdb_sample'/'texts.csv'
 
-BENCH_THREADS = 1   # torch intra-op threads for every benchmark: fixed so that A and B get the same CPU (2-core machine)
+# torch intra-op threads for every benchmark: fixed so that A and B get the same CPU (2-core machine)
+BENCH_THREADS = 1
 SEED = 42           # ReproCB seed in every benchmark
 WARMUP = 1          # untimed rounds before the timed ones
-FULL_REPS = 10      # timed rounds of a full run (the issue asks for at least 5): tiny models, so many rounds are affordable
+# timed rounds of a full run (the issue asks for at least 5): tiny models, so many rounds are affordable
+FULL_REPS = 10
 QUICK_REPS = 2      # timed rounds of a --quick smoke run (not enough to judge a target)
 FULL_PROFILE = 'test'  # fastrepro.ulmfit profile of the full run's text models: the tiny ULMFiT of the issue
-LARGER_PROFILE = 'fast'  # a larger one, where a full run also measures epochs (fewer rounds), data loading and checkpoints
+# a larger one, where a full run also measures epochs (fewer rounds), data loading and checkpoints
+LARGER_PROFILE = 'fast'
 QUICK_PROFILE = 'smoke' # --quick's: smaller than fastrepro.ulmfit's 'test', so the smoke run stays short
 _SMOKE = dict(name='smoke', n_texts=48, max_chars=300, lm_bs=8, seq_len=16, clas_bs=8, emb_sz=16, n_hid=32, n_layers=2,
               lm_epochs=1, clas_epochs=1)
@@ -70,7 +73,8 @@ class Row:
     met: bool|None = None # judged on wall time; None: no target, or too few rounds to judge
     note: str = ''
     samples: dict = field(default_factory=dict)  # raw per-round values
-    cpu_ratio: float|None = None  # the same ratio in CPU time (process and its finished children): robust to a busy machine
+    # the same ratio in CPU time (process and its finished children): robust to a busy machine
+    cpu_ratio: float|None = None
     cpu_lo: float|None = None
     cpu_hi: float|None = None
     met_cpu: bool|None = None     # the target judged on CPU time
@@ -129,16 +133,16 @@ def interleave(fns:dict, reps:int, warmup:int=WARMUP, timer=time.perf_counter) -
 
 def median(xs): return statistics.median(xs)
 
-def compare_row(bench, case, unit, base:list, repro:list, target='', limit=None, hard_limit=None, quick=False, note='', scale=1.0,
-                cpu_base:list|None=None, cpu_repro:list|None=None) -> Row:
+def compare_row(bench, case, unit, base:list, repro:list, target='', limit=None, hard_limit=None, quick=False, note='',
+                scale=1.0, cpu_base:list|None=None, cpu_repro:list|None=None) -> Row:
     """A `Row` from paired samples: ratio = median over rounds of repro[i]/base[i] (both are costs).
     `limit`: the target ratio; `hard_limit`: a ceiling that is a miss even when the median meets `limit`.
     `cpu_base`, `cpu_repro`: the same rounds in CPU seconds, for the CPU-time ratio."""
     def judge(r): return None if limit is None or quick else (r <= limit and (hard_limit is None or r <= hard_limit))
     ratios = [b/a for a, b in zip(base, repro)]
     r = median(ratios)
-    row = Row(bench, case, unit, median(repro)*scale, median(base)*scale, r, min(ratios), max(ratios), target, judge(r), note,
-              samples={'fastai': [x*scale for x in base], 'fastrepro': [x*scale for x in repro]})
+    row = Row(bench, case, unit, median(repro)*scale, median(base)*scale, r, min(ratios), max(ratios), target, judge(r),
+              note, samples={'fastai': [x*scale for x in base], 'fastrepro': [x*scale for x in repro]})
     row.best_ratio = min(repro)/min(base)
     if cpu_base is not None:
         cr = [b/a for a, b in zip(cpu_base, cpu_repro)]

@@ -18,7 +18,8 @@ SIZE_TARGET_KB = 8   # "plus a few kilobytes"
 def _save_note() -> str:
     import fastrepro.checkpoint as ck
     durable = getattr(ck, 'DURABLE', True)
-    return f"fastrepro writes atomically (temporary file, atomic swap){', with an fsync before the rename' if durable else '; no fsync (DURABLE=False)'}"
+    return ("fastrepro writes atomically (temporary file, atomic swap)"
+            f"{', with an fsync before the rename' if durable else '; no fsync (DURABLE=False)'}")
 
 
 def _state_bytes(obj) -> int:
@@ -34,13 +35,15 @@ def _fastai_unpickles(learn) -> bool:
 
 def _load_note(plain) -> str:
     if not _fastai_unpickles(plain): return "both load with weights_only=True"
-    return ("fastai's TextLearner.load unpickles with weights_only=False (Python's C unpickler, runs any code in the file); "
+    return ("fastai's TextLearner.load unpickles with weights_only=False "
+            "(Python's C unpickler, runs any code in the file); "
             "fastrepro loads with weights_only=True (torch's checking unpickler)")
 
 
 def _size_row(task, path, files, plain, repro, cb, cfg) -> Row:
     """File sizes; the dirty tree's patch measured exactly by saving once more without it, as for a clean tree.
-    Called after the saves and before any load (a loaded checkpoint's state is what `repro` saves until it fits again)"""
+    Called after the saves and before any load \
+(a loaded checkpoint's state is what `repro` saves until it fits again)"""
     size = {s: os.path.getsize(path/'models'/f'{files[s]}.pth') for s in files}
     patch = cb.prov['patch']  # the dirty tree's patch, which every checkpoint of the fit records
     cb.prov['patch'] = None     # the rest measured as for a clean tree
@@ -71,8 +74,10 @@ def run(cfg:Config) -> list:
     cases = [('LM', lambda cbs: lm_learner(lm, cfg.larger, path=path, cbs=cbs), 5 if cfg.quick else 15),
              ('classifier', lambda cbs: clas_learner(clas, cfg.larger, path=path, cbs=cbs), 5 if cfg.quick else 15)]
     if not cfg.quick:  # a full-size model: 2% of an epoch, enough for an optimizer state
-        cases.append(('full-size LM', lambda cbs: lm_learner(lm, PROFILES['full'], pretrained=False, path=path,
-                                                              cbs=cbs + [ShortEpochCallback(0.02, short_valid=True)]), cfg.reps))
+        cases.append(('full-size LM',
+                      lambda cbs: lm_learner(lm, PROFILES['full'], pretrained=False, path=path,
+                                             cbs=cbs + [ShortEpochCallback(0.02, short_valid=True)]),
+                      cfg.reps))
     for task, mk, n_rounds in cases:
         reps = max(cfg.reps, n_rounds)  # saves of small models take milliseconds: more rounds are cheap
         plain = mk([])
@@ -84,16 +89,21 @@ def run(cfg:Config) -> list:
         save = interleave({s: (lambda s=s: learn[s].save(files[s]) and None) for s in learn}, reps, cfg.warmup)
         size = _size_row(task, path, files, plain, repro, cb, cfg)
         load = interleave({s: (lambda s=s: learn[s].load(files[s]) and None) for s in learn}, reps, cfg.warmup)
-        rows.append(compare_row('3 checkpoint', f'{task}, learn.save (with optimizer)', 'ms', save['fastai'], save['fastrepro'],
-                                f'<= {TIME_TARGET}x', TIME_TARGET, quick=cfg.quick, scale=1e3, note=_save_note()))
-        rows.append(compare_row('3 checkpoint', f'{task}, learn.load (with optimizer)', 'ms', load['fastai'], load['fastrepro'],
-                                f'<= {TIME_TARGET}x', TIME_TARGET, quick=cfg.quick, scale=1e3, note=_load_note(plain)))
+        rows.append(compare_row('3 checkpoint', f'{task}, learn.save (with optimizer)', 'ms', save['fastai'],
+                                save['fastrepro'], f'<= {TIME_TARGET}x', TIME_TARGET, quick=cfg.quick, scale=1e3,
+                                note=_save_note()))
+        rows.append(compare_row('3 checkpoint', f'{task}, learn.load (with optimizer)', 'ms', load['fastai'],
+                                load['fastrepro'], f'<= {TIME_TARGET}x', TIME_TARGET, quick=cfg.quick, scale=1e3,
+                                note=_load_note(plain)))
         if _fastai_unpickles(plain):  # the same unpickler on both sides: what fastrepro costs apart from safe loading
             fast = interleave({'fastai': lambda: plain.load(files['fastai']) and None,
-                               'fastrepro': lambda: repro.load(files['fastrepro'], weights_only=False) and None}, reps, cfg.warmup)
-            rows.append(compare_row('3 checkpoint', f'{task}, learn.load, both with weights_only=False', 'ms', fast['fastai'],
-                                    fast['fastrepro'], f'<= {TIME_TARGET}x', TIME_TARGET, quick=cfg.quick, scale=1e3,
-                                    note="fastrepro asked for fastai's unchecked unpickler (`learn.load(..., weights_only=False)`)"))
+                               'fastrepro': lambda: repro.load(files['fastrepro'], weights_only=False) and None},
+                              reps, cfg.warmup)
+            rows.append(compare_row('3 checkpoint', f'{task}, learn.load, both with weights_only=False', 'ms',
+                                    fast['fastai'], fast['fastrepro'], f'<= {TIME_TARGET}x', TIME_TARGET,
+                                    quick=cfg.quick, scale=1e3,
+                                    note="fastrepro asked for fastai's unchecked unpickler "
+                                         "(`learn.load(..., weights_only=False)`)"))
         rows.append(size)
         for f in files.values(): (path/'models'/f'{f}.pth').unlink(missing_ok=True)
     return rows

@@ -35,11 +35,14 @@ def run(cfg:Config) -> list:
             res = interleave(fns, reps, cfg.warmup)
             for m, kind in MODES.items():
                 st = data_streams(det[m])
-                got = 'for the order only (its steps draw nothing)' if not st.steps_draw else 'per item' if st.per_item else 'per batch'
+                got = ('for the order only (its steps draw nothing)' if not st.steps_draw
+                       else 'per item' if st.per_item else 'per batch')
                 (a, b), (ca, cb) = pair(res, 'fastai', m, 'wall'), pair(res, 'fastai', m, 'cpu')
                 r = compare_row('2 data', f'{task} train loader, num_workers={nw}, {kind}: pass time ({n_items} items; '
-                                f'streams {got})', 's', a, b, f'<= {TARGET}x', TARGET, quick=cfg.quick, cpu_base=ca, cpu_repro=cb)
-                r.note = f"throughput fastai {n_items/r.fastai:.0f} items/s, fastrepro {n_items/r.fastrepro:.0f} items/s"
+                                f'streams {got})', 's', a, b, f'<= {TARGET}x', TARGET, quick=cfg.quick,
+                                cpu_base=ca, cpu_repro=cb)
+                r.note = (f"throughput fastai {n_items/r.fastai:.0f} items/s, "
+                          f"fastrepro {n_items/r.fastrepro:.0f} items/s")
                 rows.append(r)
     return rows
 

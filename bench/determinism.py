@@ -37,7 +37,8 @@ def run(cfg:Config) -> list:
         r.note = 'A: seed_everything(deterministic=False); B: deterministic=True'
         rows.append(r)
         (a, b), (ca, cb) = pair(res, 'off', 'on-nofill', 'wall'), pair(res, 'off', 'on-nofill', 'cpu')
-        r = compare_row('7 deterministic', f'{task}, epoch time, deterministic=True with fill_uninitialized_memory off vs False',
+        r = compare_row('7 deterministic',
+                        f'{task}, epoch time, deterministic=True with fill_uninitialized_memory off vs False',
                         's', a, b, quick=cfg.quick, cpu_base=ca, cpu_repro=cb)
         r.note = 'B: deterministic=True and torch.utils.deterministic.fill_uninitialized_memory=False'
         rows.append(r)

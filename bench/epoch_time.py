@@ -34,7 +34,8 @@ def measure(cfg:Config, prof, reps:int, cb_kwargs:dict|None=None, name='1 epoch'
         learners = {}
         for side in ('fastai', 'fastrepro') + (('fastai twin',) if control else ()):
             t0, t1 = timing_cbs()
-            cbs = [t0, t1] + ([ReproCB(seed=SEED, allow_dirty=True, **(cb_kwargs or {}))] if side == 'fastrepro' else [])
+            cbs = [t0, t1] + ([ReproCB(seed=SEED, allow_dirty=True, **(cb_kwargs or {}))]
+                              if side == 'fastrepro' else [])
             learners[side] = (mk(dls, prof, cbs=cbs), t0, t1)
         times = {s: [] for s in learners}
         def fit(side):
@@ -51,13 +52,16 @@ def measure(cfg:Config, prof, reps:int, cb_kwargs:dict|None=None, name='1 epoch'
                                     f'<= {TARGET}x (never > {CEILING}x)', TARGET, CEILING, cfg.quick,
                                     cpu_base=get('fastai', k+'_cpu'), cpu_repro=get('fastrepro', k+'_cpu')))
         if control:
-            rows.append(compare_row(name, f'{task} ({prof.name}), A/A control: epoch time of a second plain fastai learner', 's',
+            rows.append(compare_row(name, f'{task} ({prof.name}), A/A control: '
+                                          'epoch time of a second plain fastai learner', 's',
                                     get('fastai', 'epoch'), get('fastai twin', 'epoch'), quick=cfg.quick,
                                     cpu_base=get('fastai', 'epoch_cpu'), cpu_repro=get('fastai twin', 'epoch_cpu'),
-                                    note='both sides plain fastai, same rounds: how far from 1 noise alone moves a ratio'))
+                                    note='both sides plain fastai, same rounds: '
+                                         'how far from 1 noise alone moves a ratio'))
         setup = [b - a for a, b in zip(get('fastai', 'setup'), get('fastrepro', 'setup'))]
-        rows.append(Row(name, f'{task} ({prof.name}), extra per-fit setup (before_fit) of ReproCB', 'ms', median(setup)*1e3,
-                        note='fastrepro minus fastai, per fit', samples={'extra_ms': [x*1e3 for x in setup]}))
+        rows.append(Row(name, f'{task} ({prof.name}), extra per-fit setup (before_fit) of ReproCB', 'ms',
+                        median(setup)*1e3, note='fastrepro minus fastai, per fit',
+                        samples={'extra_ms': [x*1e3 for x in setup]}))
     return rows
 
 

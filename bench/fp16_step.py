@@ -14,7 +14,8 @@ from ._common import *
 
 TARGET = 1.01
 MLP_N, MLP_BS, MLP_WIDTH = 4096, 64, 256   # random regression data and MLP width (full run; --quick uses 1/4 of N)
-LSTM_PROFILE = 'test'  # the AWD-LSTM case's profile in a full run: a CPU float16 step of the `fast` classifier takes ~0.7 s
+# the AWD-LSTM case's profile in a full run: a CPU float16 step of the `fast` classifier takes ~0.7 s
+LSTM_PROFILE = 'test'
 
 
 def stock_cpu_mp(onednn_off:bool=False):
@@ -44,9 +45,11 @@ def _mlp_learner(n, cbs):
     from fastai.basics import Learner, DataLoaders, MSELossFlat
     g = torch.Generator().manual_seed(SEED)
     x = torch.randn(n, MLP_WIDTH, generator=g); y = x[:, :1] * 2 + 0.1 * torch.randn(n, 1, generator=g)
-    dls = DataLoaders.from_dsets(TensorDataset(x[:n*7//8], y[:n*7//8]), TensorDataset(x[n*7//8:], y[n*7//8:]), bs=MLP_BS, num_workers=0)
+    dls = DataLoaders.from_dsets(TensorDataset(x[:n*7//8], y[:n*7//8]), TensorDataset(x[n*7//8:], y[n*7//8:]),
+                                 bs=MLP_BS, num_workers=0)
     torch.manual_seed(SEED)
-    model = nn.Sequential(nn.Linear(MLP_WIDTH, MLP_WIDTH), nn.ReLU(), nn.Linear(MLP_WIDTH, MLP_WIDTH), nn.ReLU(), nn.Linear(MLP_WIDTH, 1))
+    model = nn.Sequential(nn.Linear(MLP_WIDTH, MLP_WIDTH), nn.ReLU(), nn.Linear(MLP_WIDTH, MLP_WIDTH), nn.ReLU(),
+                          nn.Linear(MLP_WIDTH, 1))
     return Learner(dls, model, loss_func=MSELossFlat(), cbs=cbs)
 
 
@@ -58,7 +61,8 @@ def run(cfg:Config) -> list:
     _, clas = text_data(prof)
     n = MLP_N // 4 if cfg.quick else MLP_N
     cases = [('MLP on random data', lambda cbs: _mlp_learner(n, cbs), False),
-             (f'ULMFiT classifier (AWD-LSTM, {prof.name} profile)', lambda cbs: clas_learner(clas, prof, cbs=cbs), True)]
+             (f'ULMFiT classifier (AWD-LSTM, {prof.name} profile)', lambda cbs: clas_learner(clas, prof, cbs=cbs),
+              True)]
     rows = []
     for name, mk, lstm in cases:
         learners = {}
@@ -75,7 +79,8 @@ def run(cfg:Config) -> list:
         (a, b), (ca, cb) = pair(res, 'fastai', 'fastrepro', 'wall'), pair(res, 'fastai', 'fastrepro', 'cpu')
         rows.append(compare_row('4 fp16', f'{name}: float16 step time ({n_iter} steps per round)', 'ms', a, b,
                                 f'<= {TARGET}x', TARGET, quick=cfg.quick, scale=1e3, cpu_base=ca, cpu_repro=cb,
-                                note='stock: fastai MixedPrecision on cpu' + (' with oneDNN off in autocast, as ReproMixedPrecision does' if lstm else '')))
+                                note='stock: fastai MixedPrecision on cpu'
+                                     + (' with oneDNN off in autocast, as ReproMixedPrecision does' if lstm else '')))
     return rows
 
 

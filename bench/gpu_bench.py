@@ -37,10 +37,13 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--out', default=str(ROOT/'bench'), help='folder for GPU_RESULTS.md and gpu_results.json')
     p.add_argument('--reps', type=int, default=5, help='timed rounds per comparison (after one warm-up round)')
-    p.add_argument('--profile', default=None, help="fastrepro.ulmfit profile (default: 'full' with reviews cut to GPU_MAX_CHARS on "
+    p.add_argument('--profile', default=None,
+                   help="fastrepro.ulmfit profile (default: 'full' with reviews cut to GPU_MAX_CHARS on "
                    "CUDA, a tiny one with --cpu)")
-    p.add_argument('--budget-s', type=float, default=BUDGET_S, help='skip comparisons that would start after this many seconds')
-    p.add_argument('--csv', default=None, help="a copy of fastai's imdb_sample/texts.csv (default: installed sample or ../shared)")
+    p.add_argument('--budget-s', type=float, default=BUDGET_S,
+                   help='skip comparisons that would start after this many seconds')
+    p.add_argument('--csv', default=None,
+                   help="a copy of fastai's imdb_sample/texts.csv (default: installed sample or ../shared)")
     p.add_argument('--only', default='', help=f'comma-separated subset of {",".join(COMPARISONS)}')
     p.add_argument('--cpu', action='store_true', help='smoke-test on the CPU (tiny models, 1 round)')
     return p.parse_args(argv)
@@ -71,7 +74,8 @@ def main(argv=None) -> int:
     from fastai.callback.fp16 import MixedPrecision
     from fastrepro.callback import ReproCB
     from fastrepro.fp16 import ReproMixedPrecision
-    from fastrepro.ulmfit import install_imdb_sample, imdb_sample_path, subsample, lm_dls, clas_dls, lm_learner, clas_learner
+    from fastrepro.ulmfit import (install_imdb_sample, imdb_sample_path, subsample, lm_dls, clas_dls, lm_learner,
+                                  clas_learner)
     cuda = torch.cuda.is_available() and not a.cpu
     device = 'cuda' if cuda else 'cpu'
     cfg = Config.make(quick=a.cpu, reps=1 if a.cpu else a.reps, profile=a.profile or ('full' if cuda else 'smoke'))
@@ -89,8 +93,9 @@ def main(argv=None) -> int:
     machine = machine_info(torch.get_num_threads())
     machine.update(gpu=machine['gpus'][0] if cuda else None, device=device, tokenizer=tok_name,
                    data_s=round(time.perf_counter() - t0, 1))
-    print(f"gpu_bench on {machine['gpu'] or 'CPU (smoke test)'}: torch {machine['torch']}, CUDA {machine['cuda']}, cuDNN "
-          f"{machine['cudnn']}, profile {cfg.profile}, tokenizer {tok_name}, data built in {machine['data_s']} s", flush=True)
+    print(f"gpu_bench on {machine['gpu'] or 'CPU (smoke test)'}: torch {machine['torch']}, "
+          f"CUDA {machine['cuda']}, cuDNN {machine['cudnn']}, profile {cfg.profile}, tokenizer {tok_name}, "
+          f"data built in {machine['data_s']} s", flush=True)
     tasks = [('LM', lambda cbs: lm_learner(lm, prof, pretrained=False, cbs=cbs), len(lm.train)),
              ('classifier', lambda cbs: clas_learner(clas, prof, cbs=cbs), len(clas.train))]
     rows, errors = [], {}
@@ -119,9 +124,11 @@ def main(argv=None) -> int:
                 finally: set_switches(before); torch.utils.deterministic.fill_uninitialized_memory = fill
                 return fit_times(s, e)['epoch']
             res = interleave({v: (lambda v=v: fit(v)) for v in L}, cfg.reps, cfg.warmup)
-            r = compare_row('G1 deterministic', f'{task} ({n} it.), epoch time, deterministic=True vs False', 's', res['off'], res['on'])
+            r = compare_row('G1 deterministic', f'{task} ({n} it.), epoch time, deterministic=True vs False', 's',
+                            res['off'], res['on'])
             r.note = 'A: deterministic=False; B: seed_everything(deterministic=True, warn_only=True)'; report(r)
-            r = compare_row('G1 deterministic', f'{task}, epoch time, deterministic=True without fill_uninitialized_memory vs False',
+            r = compare_row('G1 deterministic',
+                            f'{task}, epoch time, deterministic=True without fill_uninitialized_memory vs False',
                             's', res['off'], res['on-nofill'])
             r.note = 'B: as above with torch.utils.deterministic.fill_uninitialized_memory=False'; report(r)
 
@@ -133,8 +140,10 @@ def main(argv=None) -> int:
             res = interleave({v: (lambda v=v: fit(v)) for v in L}, cfg.reps, cfg.warmup)
             for k, what in (('epoch', 'epoch time'), ('fit', 'one-epoch fit incl. per-fit setup')):
                 r = compare_row('G2 ReproCB', f'{task} ({n} it.), {what}, ReproCB defaults vs none', 's',
-                                [t[k] for t in res['fastai']], [t[k] for t in res['fastrepro']], '<= 1.02x (never > 1.05x)', 1.02, 1.05, a.cpu)
-                r.note = 'ReproCB(warn_only=True): ops without a deterministic CUDA kernel warn instead of raising'; report(r)
+                                [t[k] for t in res['fastai']], [t[k] for t in res['fastrepro']],
+                                '<= 1.02x (never > 1.05x)', 1.02, 1.05, a.cpu)
+                r.note = 'ReproCB(warn_only=True): ops without a deterministic CUDA kernel warn instead of raising'
+                report(r)
 
     def g3():
         for task, mk, n in tasks:
@@ -142,8 +151,8 @@ def main(argv=None) -> int:
             def step(v):
                 learn, s, e = L[v]; quiet_fit(learn); return fit_times(s, e)['train'] / n
             res = interleave({v: (lambda v=v: step(v)) for v in L}, cfg.reps, cfg.warmup)
-            r = compare_row('G3 fp16', f'{task} ({n} it.), float16 step time, ReproMixedPrecision vs MixedPrecision', 'ms',
-                            res['fastai fp16'], res['fastrepro fp16'], '<= 1.01x', 1.01, quick=a.cpu, scale=1e3)
+            r = compare_row('G3 fp16', f'{task} ({n} it.), float16 step time, ReproMixedPrecision vs MixedPrecision',
+                            'ms', res['fastai fp16'], res['fastrepro fp16'], '<= 1.01x', 1.01, quick=a.cpu, scale=1e3)
             report(r)
             r = compare_row('G3 fp16', f'{task}, step time, fastai MixedPrecision vs float32 (for scale)', 'ms',
                             res['fp32'], res['fastai fp16'], quick=a.cpu, scale=1e3)
@@ -153,7 +162,8 @@ def main(argv=None) -> int:
     for name, fn in (('G1', g1), ('G2', g2), ('G3', g3)):
         if name not in only: continue
         if time.perf_counter() - t_start > a.budget_s:
-            errors[name] = f'skipped: the run passed its budget of {a.budget_s:.0f} s'; print(f'[{name}] {errors[name]}'); continue
+            errors[name] = f'skipped: the run passed its budget of {a.budget_s:.0f} s'
+            print(f'[{name}] {errors[name]}'); continue
         t = time.perf_counter()
         try: fn()
         except Exception as e:
@@ -167,18 +177,22 @@ def main(argv=None) -> int:
 
 def write(out:Path, machine:dict, cfg, rows:list, errors:dict, wall:float):
     out.mkdir(parents=True, exist_ok=True)
-    (out/'gpu_results.json').write_text(json.dumps(dict(machine=machine, reps=cfg.reps, profile=cfg.profile, wall_s=wall,
-                                                        rows=rows, errors=errors), indent=1, default=str))
+    (out/'gpu_results.json').write_text(json.dumps(dict(machine=machine, reps=cfg.reps, profile=cfg.profile,
+                                                        wall_s=wall, rows=rows, errors=errors),
+                                                   indent=1, default=str))
     m = machine
     lines = ['# fastrepro GPU benchmarks', '', f"Written by `python -m bench.gpu_bench` on {m['date']}.", '',
-             f"GPU {m['gpu']}, CUDA {m['cuda']}, cuDNN {m['cudnn']}, torch {m['torch']}, fastai {m['fastai']}, Python {m['python']}; "
+             f"GPU {m['gpu']}, CUDA {m['cuda']}, cuDNN {m['cudnn']}, torch {m['torch']}, fastai {m['fastai']}, "
+             f"Python {m['python']}; "
              f"CPU {m['cpu']} ({m['logical_cpus']} logical CPUs); profile `{cfg.profile}`; tokenizer {m['tokenizer']}; "
              f"{cfg.warmup} warm-up + {cfg.reps} timed rounds per comparison; {wall:.0f} s.", '',
-             '| # | case | A | B | unit | ratio B/A [min-max] | target | verdict | notes |', '|---|---|---|---|---|---|---|---|---|']
+             '| # | case | A | B | unit | ratio B/A [min-max] | target | verdict | notes |',
+             '|---|---|---|---|---|---|---|---|---|']
     for r in rows:
         ratio = '' if r['ratio'] is None else f"{r['ratio']:.3f}x [{r['ratio_lo']:.3f}-{r['ratio_hi']:.3f}]"
         verdict = '' if not r['target'] else {True: 'met', False: '**missed**', None: 'not judged'}[r['met']]
-        lines.append(f"| {r['bench']} | {r['case']} | {r['fastai']:.4g} | {r['fastrepro']:.4g} | {r['unit']} | {ratio} | "
+        lines.append(f"| {r['bench']} | {r['case']} | {r['fastai']:.4g} | {r['fastrepro']:.4g} | "
+                     f"{r['unit']} | {ratio} | "
                      f"{r['target']} | {verdict} | {r['note']} |")
     if errors: lines += ['', '## Failed', ''] + [f"- {k}: {v.strip().splitlines()[-1]}" for k, v in errors.items()]
     (out/'GPU_RESULTS.md').write_text('\n'.join(lines) + '\n')

@@ -5,7 +5,8 @@ On CUDA, trains a small AWD-LSTM text classifier (IMDB sample via `untar_data(UR
 
   A. straight through, `fit_one_cycle(N)`;
   B. the same again;
-  C. the same cancelled after epoch 1 and saved (`learn.save(..., with_opt=True)`), then a new learner built the same way,
+  C. the same cancelled after epoch 1 and saved (`learn.save(..., with_opt=True)`), then a new learner built \
+the same way,
      `learn.load`, `fit_one_cycle(N, start_epoch=2)`.
 
 It prints whether B and C are bit-identical to A (`torch.equal` on every parameter and buffer, every per-batch loss,
@@ -27,9 +28,11 @@ def parse_args():
     p.add_argument('--profile', default='fast', help="fastrepro.ulmfit profile: 'test', 'fast' or 'full'")
     p.add_argument('--seed', type=int, default=42, help='ReproCB seed')
     p.add_argument('--growth-interval', type=int, default=GROWTH_INTERVAL, help='GradScaler growth interval')
-    p.add_argument('--csv', default=None, help="a copy of fastai's imdb_sample/texts.csv, used when the sample is not installed")
+    p.add_argument('--csv', default=None,
+                   help="a copy of fastai's imdb_sample/texts.csv, used when the sample is not installed")
     p.add_argument('--out', default=None, help='folder for checkpoints (default: a temporary folder)')
-    p.add_argument('--cpu', action='store_true', help="smoke-test this script on the CPU (slow: CPUs have no fast float16)")
+    p.add_argument('--cpu', action='store_true',
+                   help="smoke-test this script on the CPU (slow: CPUs have no fast float16)")
     return p.parse_args()
 
 
@@ -40,7 +43,8 @@ def main():
         print("gpu_check: no CUDA device here, nothing was run. Run this script on a machine with an NVIDIA GPU "
               "to check that fp16 training and resume are bit-identical there.")
         return 0
-    if args.epochs < STOP_EPOCH + 2: sys.exit(f"--epochs must be at least {STOP_EPOCH + 2} to resume after epoch {STOP_EPOCH}")
+    if args.epochs < STOP_EPOCH + 2:
+        sys.exit(f"--epochs must be at least {STOP_EPOCH + 2} to resume after epoch {STOP_EPOCH}")
     from fastai.text.all import Callback, CancelFitException
     from fastrepro.all import (seed_everything, ReproCB, install_imdb_sample, imdb_sample_path, get_profile,
                                subsample, clas_dls, clas_learner)
@@ -82,7 +86,8 @@ def main():
 
     a = runs['A (straight)']
     sa = a.model.state_dict()
-    print(f"gpu_check on {torch.cuda.get_device_name() if device == 'cuda' else 'CPU'} (torch {torch.__version__}, profile {prof.name}, "
+    print(f"gpu_check on {torch.cuda.get_device_name() if device == 'cuda' else 'CPU'} "
+          f"(torch {torch.__version__}, profile {prof.name}, "
           f"{args.epochs} epochs, seed {args.seed}, growth_interval {args.growth_interval}), {time.time() - t0:.0f} s")
     ok = True
     for name, learn in runs.items():

@@ -35,7 +35,8 @@ def section_epoch(cfg):
                 'all three off': dict(deterministic=False, deterministic_data=False, trace_every=0),
                 'defaults, NaN fill off': 'nofill'}
     reps = max(cfg.reps, 10)
-    say(f'\n## epoch: which part of ReproCB costs what (test profile, epoch CPU time incl. finished workers, {reps} rounds)')
+    say(f'\n## epoch: which part of ReproCB costs what '
+        f'(test profile, epoch CPU time incl. finished workers, {reps} rounds)')
     for task, mk, dls in [('LM', lm_learner, lm), ('classifier', clas_learner, clas)]:
         L = {}
         for v, kw in variants.items():
@@ -53,7 +54,8 @@ def section_epoch(cfg):
         for v in L:
             cr = median([b['cpu']/a['cpu'] for a, b in zip(res[base], res[v])])
             wr = median([b['wall']/a['wall'] for a, b in zip(res[base], res[v])])
-            say(f'  {task:10s} {v:26s} CPU {median([o["cpu"] for o in res[v]]):6.3f} s  ratio {cr:.3f}   (wall ratio {wr:.3f})')
+            say(f'  {task:10s} {v:26s} CPU {median([o["cpu"] for o in res[v]]):6.3f} s  '
+                f'ratio {cr:.3f}   (wall ratio {wr:.3f})')
 
 
 def section_step(cfg):
@@ -125,7 +127,8 @@ def section_setup(cfg):
         for _ in range(n): quiet_fit(learn)
     finally: ReproCB.before_fit = orig
     st = pstats.Stats(pr)
-    say(f'\n## setup: ReproCB.before_fit, {st.total_tt/n*1e3:.1f} ms per fit (cProfile, {n} fits); largest cumulative entries:')
+    say(f'\n## setup: ReproCB.before_fit, {st.total_tt/n*1e3:.1f} ms per fit (cProfile, {n} fits); '
+        'largest cumulative entries:')
     rows = sorted(((v[3], v[0], f'{Path(k[0]).name}:{k[1]}({k[2]})') for k, v in st.stats.items()), reverse=True)
     for t, calls, name in rows[:14]: say(f'  {t/n*1e3:7.2f} ms/fit  {calls//n:4d} calls/fit  {name}')
 
@@ -155,9 +158,12 @@ def section_checkpoint(cfg):
             write('target'); write('tmp')
             t = time.perf_counter(); move(path/'tmp', path/'target'); ts.append(time.perf_counter() - t)
         return median(ts)
-    say(f'\n## atomic move of a freshly written {len(blob)/1e6:.1f} MB file over the previous one (the write not timed)')
-    say(f'  {move_time(os.replace)*1e3:8.2f} ms  os.replace (rename over: ext4 allocates and starts writing the new blocks, auto_da_alloc)')
-    say(f'  {move_time(ck._move_into_place)*1e3:8.2f} ms  fastrepro: swap the names (renameat2 RENAME_EXCHANGE), delete the old file')
+    say(f'\n## atomic move of a freshly written {len(blob)/1e6:.1f} MB file over the previous one '
+        '(the write not timed)')
+    say(f'  {move_time(os.replace)*1e3:8.2f} ms  os.replace '
+        '(rename over: ext4 allocates and starts writing the new blocks, auto_da_alloc)')
+    say(f'  {move_time(ck._move_into_place)*1e3:8.2f} ms  fastrepro: swap the names '
+        '(renameat2 RENAME_EXCHANGE), delete the old file')
     parts = {
         'fastai save': lambda: plain.save('p'), 'fastrepro save': lambda: repro.save('r'),
         'checkpoint_state(learn) alone': lambda: ck.checkpoint_state(repro),
@@ -172,11 +178,13 @@ def section_checkpoint(cfg):
         'torch.load fastrepro file, weights_only=False': lambda: torch.load(f, weights_only=False),
         'torch.load fastrepro file, weights_only=True (+ fastai safe globals)': lambda: ck.read_checkpoint(f),
         'check_compatible (model and vocab signatures)': lambda: ck.check_compatible(repro, extra, f),
-        'ReproCB.trace.load_state_dict': lambda: repro.repro_cb.trace.load_state_dict(extra['callbacks']['repro_cb']['trace']),
+        'ReproCB.trace.load_state_dict':
+            lambda: repro.repro_cb.trace.load_state_dict(extra['callbacks']['repro_cb']['trace']),
     }
     res = interleave({k: (lambda v=v: (v(), None)[1]) for k, v in parts.items()}, max(cfg.reps, 15), 2)
     say(f'\n## checkpoint: parts of save and load, median of {max(cfg.reps, 15)} interleaved rounds '
-        f'(classifier, {cfg.profile} profile; files {os.path.getsize(fp)/1024:.0f} KB fastai, {os.path.getsize(f)/1024:.0f} KB fastrepro)')
+        f'(classifier, {cfg.profile} profile; files {os.path.getsize(fp)/1024:.0f} KB fastai, '
+        f'{os.path.getsize(f)/1024:.0f} KB fastrepro)')
     for k, v in res.items(): say(f'  {median(v)*1e3:8.2f} ms  {k}')
     sizes = {k: len(_ser(v)) for k, v in extra['callbacks']['repro_cb'].items()}
     say('  serialized size of ReproCB state parts (KB, each with torch.save framing): ' +
@@ -225,7 +233,8 @@ def main():
     p.add_argument('--out', default=str(ROOT/'bench'/'out'/'profiles.txt'))
     a = p.parse_args()
     cfg = Config.make(profile=a.profile); setup(cfg.threads)
-    say(f'# fastrepro profiles, {machine_info(cfg.threads)["date"]}, load average {os.getloadavg()[0]:.2f}, profile {a.profile}')
+    say(f'# fastrepro profiles, {machine_info(cfg.threads)["date"]}, load average {os.getloadavg()[0]:.2f}, '
+        f'profile {a.profile}')
     for s in [o for o in a.only.split(',') if o] or SECTIONS: globals()[f'section_{s}'](cfg)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True); Path(a.out).write_text('\n'.join(OUT) + '\n')
 

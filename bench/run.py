@@ -23,7 +23,8 @@ BENCHMARKS = {  # name -> module (each has run(cfg) -> list[Row])
 }
 BEGIN, END = '<!-- bench:begin -->', '<!-- bench:end -->'
 QUIET_START = 1.5   # start a full run only below this 1-minute load average (2 cores); run.py warns above it
-QUIET_DURING = 2.0  # ... and judge it on wall time only if the load stays below this (the benchmark itself adds about 1)
+# ... and judge it on wall time only if the load stays below this (the benchmark itself adds about 1)
+QUIET_DURING = 2.0
 HEADER = "# fastrepro benchmarks\n\nWritten by `python -m bench.run`; analysis may be added outside the markers.\n\n"
 
 
@@ -39,7 +40,8 @@ def _verdict(r:dict) -> str:
 
 def markdown(machine:dict, cfg:Config, rows:list, errors:dict, wall:float) -> str:
     m = machine
-    out = [BEGIN, '', f"## Run of {m['date']}{' (--quick: too few rounds to judge the targets)' if cfg.quick else ''}", '',
+    out = [BEGIN, '',
+           f"## Run of {m['date']}{' (--quick: too few rounds to judge the targets)' if cfg.quick else ''}", '',
            '| machine | |', '|---|---|',
            f"| CPU | {m['cpu']} ({m['logical_cpus']} logical CPUs) |",
            f"| torch threads | {m['num_threads']} intra-op (fixed by the benchmark), {m['interop_threads']} inter-op |",
@@ -48,23 +50,27 @@ def markdown(machine:dict, cfg:Config, rows:list, errors:dict, wall:float) -> st
            f"| platform | {m['os']} |", f"| code | {code_version(m)} |",
            f"| load average (1, 5, 15 min) | start {', '.join(f'{x:.2f}' for x in m['load_avg_start'])}; "
            f"end {', '.join(f'{x:.2f}' for x in m['load_avg_end'])}; highest 1-minute value seen "
-           f"{m['load_max']:.2f} ({'quiet: verdicts on wall time' if m['quiet'] else f'busy (>= {QUIET_DURING} while running, or >= {QUIET_START} at the start): verdicts on CPU time where measured'}) |",
-           f"| rounds | {cfg.warmup} warm-up + {cfg.reps} timed per comparison unless a row says otherwise; text models: "
-           f"`{cfg.profile}` profile, and `{cfg.larger.name}` where a row says so |", f"| wall time | {wall:.0f} s |", '',
+           f"""{m['load_max']:.2f} ({'quiet: verdicts on wall time' if m['quiet']
+               else (f'busy (>= {QUIET_DURING} while running, or >= {QUIET_START} at the start): '
+                     'verdicts on CPU time where measured')}) |""",
+           f"| rounds | {cfg.warmup} warm-up + {cfg.reps} timed per comparison unless a row says otherwise; "
+           f"text models: `{cfg.profile}` profile, and `{cfg.larger.name}` where a row says so |",
+           f"| wall time | {wall:.0f} s |", '',
            'A is plain fastai (or the reference named in the notes), B is fastrepro; A and B are medians of wall time. '
            'Ratio: median over rounds of B/A, with the smallest and largest round in brackets; above 1 means fastrepro '
            'costs more. CPU-time ratio: the same in CPU seconds of the process and its finished DataLoader workers, '
            'which other processes on the machine disturb far less than wall time. Fastest rounds: the fastest B round '
            'over the fastest A round (wall time), which leaves out the rounds that another job on the machine slowed '
            'down; the verdict uses the median ratio, as the issue asks.', '',
-           '| # | case | A | B | unit | ratio B/A [min-max] | CPU-time ratio [min-max] | fastest rounds | target | verdict | notes |',
+           '| # | case | A | B | unit | ratio B/A [min-max] | CPU-time ratio [min-max] | '
+           'fastest rounds | target | verdict | notes |',
            '|---|---|---|---|---|---|---|---|---|---|---|']
     for r in rows:
         ratio = '' if r['ratio'] is None else f"{r['ratio']:.3f}x [{r['ratio_lo']:.3f}-{r['ratio_hi']:.3f}]"
         cpu = '' if r.get('cpu_ratio') is None else f"{r['cpu_ratio']:.3f}x [{r['cpu_lo']:.3f}-{r['cpu_hi']:.3f}]"
         best = '' if r.get('best_ratio') is None else f"{r['best_ratio']:.3f}x"
-        out.append(f"| {r['bench']} | {r['case']} | {_fmt(r['fastai'])} | {_fmt(r['fastrepro'])} | {r['unit']} | {ratio} | {cpu} | "
-                   f"{best} | {r['target']} | {_verdict(r)} | {r['note']} |")
+        out.append(f"| {r['bench']} | {r['case']} | {_fmt(r['fastai'])} | {_fmt(r['fastrepro'])} | "
+                   f"{r['unit']} | {ratio} | {cpu} | {best} | {r['target']} | {_verdict(r)} | {r['note']} |")
     if errors:
         out += ['', '### Benchmarks that failed', '']
         out += [f"- `{k}`: {v.strip().splitlines()[-1]}" for k, v in errors.items()]
@@ -75,7 +81,8 @@ def markdown(machine:dict, cfg:Config, rows:list, errors:dict, wall:float) -> st
 class LoadSampler(threading.Thread):
     "Samples the 1-minute load average every `every` seconds while the benchmarks run"
     def __init__(self, every=5.0):
-        super().__init__(daemon=True); self.every, self.samples, self._stop_ev = every, [os.getloadavg()[0]], threading.Event()
+        super().__init__(daemon=True)
+        self.every, self.samples, self._stop_ev = every, [os.getloadavg()[0]], threading.Event()
     def run(self):
         while not self._stop_ev.wait(self.every): self.samples.append(os.getloadavg()[0])
     def stop(self): self._stop_ev.set(); self.samples.append(os.getloadavg()[0]); return self.samples
@@ -113,12 +120,14 @@ def main(argv=None) -> int:
     machine = machine_info(cfg.threads)
     print(f"fastrepro benchmarks{' (quick)' if cfg.quick else ''}: {machine['cpu']}, "
           f"{machine['num_threads']} torch thread(s), "
-          f"torch {machine['torch']}, fastai {machine['fastai']}, load average {machine['load_avg_start'][0]:.2f}", flush=True)
+          f"torch {machine['torch']}, fastai {machine['fastai']}, "
+          f"load average {machine['load_avg_start'][0]:.2f}", flush=True)
     rows, errors, loads = [], {}, [machine['load_avg_start'][0]]
     sampler = LoadSampler(); sampler.start()
     if loads[0] >= QUIET_START and not cfg.quick:
-        print(f"warning: the 1-minute load average is {loads[0]:.2f} (>= {QUIET_START}): other work on this machine will "
-              "disturb the timings; wall-time verdicts need a quiet machine, so CPU-time ones will be used.", flush=True)
+        print(f"warning: the 1-minute load average is {loads[0]:.2f} (>= {QUIET_START}): "
+              "other work on this machine will disturb the timings; "
+              "wall-time verdicts need a quiet machine, so CPU-time ones will be used.", flush=True)
     for n in names:
         t = time.perf_counter()
         try:
@@ -137,8 +146,8 @@ def main(argv=None) -> int:
     machine['quiet'] = loads[0] < QUIET_START and max(loads) < QUIET_DURING
     for r in rows: r['basis'] = 'cpu' if not machine['quiet'] and r.get('cpu_ratio') is not None else 'wall'
     if not machine['quiet']:
-        print(f"The machine was busy (1-minute load average up to {machine['load_max']:.2f}): targets are judged on CPU time "
-              "where it was measured.")
+        print(f"The machine was busy (1-minute load average up to {machine['load_max']:.2f}): "
+              "targets are judged on CPU time where it was measured.")
     wall = time.perf_counter() - t_start
     md = write_results(out, machine, cfg, rows, errors, wall)
     print(f'wrote {md} and {out/"results.json"} in {wall:.1f} s')

@@ -17,7 +17,8 @@ def run(cfg:Config) -> list:
     learners = {}
     for n in (0,) + INTERVALS:
         t0, t1 = timing_cbs()
-        learners[n] = (lm_learner(lm, cfg.prof, cbs=[t0, t1, ReproCB(seed=SEED, allow_dirty=True, trace_every=n)]), t0, t1)
+        learners[n] = (lm_learner(lm, cfg.prof, cbs=[t0, t1, ReproCB(seed=SEED, allow_dirty=True, trace_every=n)]),
+                       t0, t1)
     n_iter = len(lm.train)
     def epoch(n):
         learn, t0, t1 = learners[n]
@@ -28,9 +29,9 @@ def run(cfg:Config) -> list:
     rows = []
     for n in INTERVALS:
         (a, b), (ca, cb) = pair(res, 0, n, 'wall'), pair(res, 0, n, 'cpu')
-        r = compare_row('6 trace', f'LM, trace_every={n}{" (default)" if n == TRACE_EVERY else ""} vs off: training time per epoch '
-                        f'({n_iter} iterations, {n_iter // n + (n_iter % n > 0)} fingerprints)', 's', a, b, quick=cfg.quick,
-                        cpu_base=ca, cpu_repro=cb)
+        r = compare_row('6 trace', f'LM, trace_every={n}{" (default)" if n == TRACE_EVERY else ""} vs off: '
+                        f'training time per epoch ({n_iter} iterations, {n_iter // n + (n_iter % n > 0)} fingerprints)',
+                        's', a, b, quick=cfg.quick, cpu_base=ca, cpu_repro=cb)
         r.note = 'fastai column: trace_every=0 (losses only)'
         rows.append(r)
     # one fingerprint on its own, as ReproCB.after_batch computes it
