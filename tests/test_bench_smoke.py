@@ -12,7 +12,8 @@ RATIO = re.compile(r'ratio \d+\.\d+x')
 def test_bench_quick(tmp_path, fastai_home):
     r = subprocess.run([sys.executable, '-m', 'bench.run', '--quick', '--out', str(tmp_path)], cwd=ROOT,
                        capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, f"python -m bench.run --quick failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
+    assert r.returncode == 0, (f"python -m bench.run --quick failed ({r.returncode}):\n"
+                               f"{r.stdout[-3000:]}\n{r.stderr[-5000:]}")
     assert len(RATIO.findall(r.stdout)) >= 10, f"too few ratios printed:\n{r.stdout[-3000:]}"
     res = json.loads((tmp_path/'results.json').read_text())
     assert not res['errors'] and res['config']['quick']
