@@ -69,6 +69,14 @@ def one_round(spec, ref, env:dict) -> dict:
                 dict(fit=d.fit, epoch=d.epoch, iter=d.iter, columns=list(d.columns or [])[:6]))
 
 
+def summary(out:Path):
+    "Rounds and differing rounds by setting, load and thread count, from the JSON lines in `out`"
+    import pandas as pd
+    rows = pd.DataFrame([json.loads(l) for l in out.read_text().splitlines()])
+    return rows.groupby(['setting', 'load', 'threads']).agg(runs=('same', 'size'), differ=('same', lambda s: int((~s).sum())),
+                                                           median_secs=('secs', 'median'))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--rounds', type=int, default=5, help='kill-and-resume rounds per load kind and thread count')
@@ -77,7 +85,9 @@ def main(argv=None):
     p.add_argument('--setting', default='recommended', choices=list(SETTINGS))
     p.add_argument('--profile', default='stress', help="'stress' (small, default) or a fastrepro.ulmfit profile ('test')")
     p.add_argument('--out', default=str(ROOT/'bench'/'out'/'stress_resume.jsonl'), help='one JSON line per round')
+    p.add_argument('--summary', action='store_true', help="only print the table of --out's rounds")
     a = p.parse_args(argv)
+    if a.summary: return print(summary(Path(a.out)).to_string())
     from fastrepro.ulmfit import Profile, get_profile, imdb_sample_df, subsample
     import pandas as pd
     prof = Profile(**SMALL) if a.profile == 'stress' else get_profile(a.profile)
@@ -96,9 +106,6 @@ def main(argv=None):
                        secs=round(time.perf_counter() - t0, 1), **r)
             with open(out, 'a') as f: f.write(json.dumps(row) + '\n')
             print(json.dumps(row), flush=True)
-    rows = [json.loads(l) for l in out.read_text().splitlines()]
-    summary = pd.DataFrame(rows).groupby(['setting', 'load', 'threads']).agg(runs=('same', 'size'),
-                                                                             differ=('same', lambda s: int((~s).sum())))
-    print(summary.to_string())
+    print(summary(out).to_string())
 
 if __name__ == '__main__': main()
