@@ -85,7 +85,9 @@ def set_mkl_cbwr(mode:str) -> bool:
     "Switch MKL's CNR to `mode` ('AUTO', 'COMPATIBLE'); False (and a warning, once) when MKL has run already"
     if torch_mkl() is None or mkl_cbwr() == mode: return True
     code = {v: k for k, v in MKL_CBWR_BRANCHES.items()}[mode]
-    if torch_mkl().mkl_serv_cbwr_set(code) == 0: return True
+    rc = torch_mkl().mkl_serv_cbwr_set(code)
+    if rc == 0: return True
+    if rc != MKL_CBWR_CHANGE_FAILED: raise ValueError(f"MKL refused MKL_CBWR={mode} (error {rc}): use 'AUTO' or 'COMPATIBLE'.")
     _warn_once(f'MKL_CBWR={mode}', f"MKL ran before fastrepro could set MKL_CBWR={mode} (it is {mkl_cbwr()}), so its "
                f"results may differ between runs or machines in this process. Export MKL_CBWR={mode} before starting "
                "Python, or call seed_everything before any training.")
