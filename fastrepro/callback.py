@@ -208,6 +208,7 @@ class ReproCB(Callback):
     def __init__(self,
         seed:int|None=None, # the run seed; None draws one from the OS, records and reports it
         deterministic:bool=True, # flip every deterministic switch for the fit (restored afterwards)
+        portable:bool=False, # pin portable CPU kernels and threads for the fit (`set_portable`; restored afterwards)
         warn_only:bool=False, # with `deterministic`, warn instead of raising on nondeterministic ops
         deterministic_data:bool=True, # serve every batch from streams derived from (seed, epoch, item)
         per_item:bool|None=None, # data streams per item (True), per batch (False), or None: as each loader needs (`make_deterministic`)
@@ -223,14 +224,16 @@ class ReproCB(Callback):
         rank_streams:bool=True, # in a distributed run, each rank's dropout and other model-side draws from its own streams
         allow_world_size_change:bool=False, # resume, at an epoch boundary, a checkpoint of another number of processes
     ):
-        store_attr('seed,deterministic,warn_only,deterministic_data,per_item,allow_dirty,repo_path,allow_cudnn_rnn_dropout,'
-                   'rank_streams,allow_world_size_change')
+        store_attr('seed,deterministic,portable,warn_only,deterministic_data,per_item,allow_dirty,repo_path,'
+                   'allow_cudnn_rnn_dropout,rank_streams,allow_world_size_change')
+        if deterministic: set_mkl_reproducible()  # MKL reads its mode at its first call: before `lr_find` can run it
         self.trace, self.findings = Trace(trace_every), Findings()
         self.record = FitRecord(ledger, experiment, variant, metric_version, tags)
         self.position = Position()   # where the run stands
         self.pending = None          # a loaded checkpoint's state, until the next fit takes it
         self.resuming = None         # that state, taken by the running fit, until its first epoch applies it
         self.prov = self.device = self._switches_before = None  # the running fit's provenance, device, switches before it
+        self._portable_before = None  # with `portable`, what `set_portable` changed for the running fit
         self.active, self.cancelled, self.start_epoch = False, False, 0
         self.resumes = False         # whether the running fit resumes an interrupted one
         self.resume_batch = 0        # the batches of its first epoch the running fit skips (a resume inside an epoch)
@@ -245,6 +248,7 @@ class ReproCB(Callback):
         if self.seed is None:
             self.seed = secrets.randbits(SEED_DRAW_BITS)
             print(f"ReproCB: no seed given, drew seed={self.seed}; replay this run with ReproCB(seed={self.seed}).")
+        if self.portable: self._portable_before = set_portable()  # before anything reads the environment
         self.start_epoch, self.cancelled = resume_epoch(self.learn), False
         self.resuming = self._begin_fit(self.start_epoch)
         self.prov = run_provenance(self.repo_path or '.', allow_dirty=self.allow_dirty)  # refuses a dirty tree
@@ -442,6 +446,7 @@ class ReproCB(Callback):
         self.active, self.inside, self.resume_batch, self._train_end = False, None, 0, None
         self._unsilence()
         if self._switches_before is not None: set_switches(self._switches_before); self._switches_before = None
+        if self._portable_before is not None: restore_portable(self._portable_before); self._portable_before = None
         if self.deterministic_data: undo_deterministic(self.dls)
         self.trace.flush()
         self.record.end(self.learn, status, notes)

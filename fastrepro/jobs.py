@@ -12,6 +12,7 @@ import numpy as np, pandas as pd
 from fastai.text.all import *
 from fastai.callback.tracker import TrackerCallback, ReduceLROnPlateau
 import fastrepro
+from .portable import DETERMINISTIC_ENV
 from .rng import seed_everything
 from .callback import ReproCB
 from .fp16 import ReproMixedPrecision  # also adds `Learner.to_repro_fp16`
@@ -149,11 +150,13 @@ def run_job(spec, # a job file (`Job.write`)
 def job_process(spec, # a job file
                 mode:str, # the `run_job` mode
                 timeout:float=JOB_TIMEOUT_S, # seconds before the process is killed
+                env:dict|None=None, # environment variables of the process, over this one's and `DETERMINISTIC_ENV`
                 **kwargs, # more `run_job` arguments
                ) -> subprocess.CompletedProcess:
     "Run `run_job(spec, mode, **kwargs)` in a fresh Python process, this fastrepro first on its path"
     root = str(Path(fastrepro.__file__).resolve().parents[1])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get('PYTHONPATH', '')]))
+    env = {**DETERMINISTIC_ENV, **os.environ, **(env or {})}  # MKL and OpenMP read theirs before any of our code runs
+    env['PYTHONPATH'] = os.pathsep.join([root, os.environ.get('PYTHONPATH', '')])
     kwargs = json.loads(json.dumps(kwargs))  # plain values for the command line (a `signal.Signals` becomes its number)
     code = f"from fastrepro.jobs import run_job; run_job({str(spec)!r}, {mode!r}, **{kwargs!r})"
     return subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True, timeout=timeout)

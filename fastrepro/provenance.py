@@ -12,14 +12,14 @@ import git, numpy as np, torch, fastai, fastcore
 from pathlib import Path
 from fastcore.basics import *
 import fastrepro
-from .rng import deterministic_switches
+from .rng import deterministic_switches, mkl_cbwr, torch_mkl
 from .core import all_gather
 
 # %% auto #0
 __all__ = ['MAX_FILES_SHOWN', 'RACY_SECONDS', 'BIT_IDENTITY_FIELDS', 'PATCH_ZLIB_LEVEL', 'DirtyTreeError', 'ProvenanceWarning',
            'git_info', 'git_patch', 'check_clean', 'installed_packages', 'packages_hash', 'numeric_switches',
-           'environment_info', 'env_diff', 'run_provenance', 'RankMismatchError', 'check_ranks_agree', 'pack_git',
-           'unpack_git']
+           'cpu_kernels', 'environment_info', 'env_diff', 'run_provenance', 'RankMismatchError', 'check_ranks_agree',
+           'pack_git', 'unpack_git']
 
 # %% ../nbs/10_provenance.ipynb #9454b67c
 class DirtyTreeError(RuntimeError):
@@ -183,7 +183,8 @@ def check_clean(info:dict, # the result of `git_info`
 
 # %% ../nbs/10_provenance.ipynb #e4143b59
 BIT_IDENTITY_FIELDS = ('python', 'torch', 'fastai', 'fastcore', 'fastrepro', 'numpy', 'cuda', 'cudnn', 'cuda_available',
-                       'gpus', 'cpu', 'machine', 'system', 'num_threads', 'switches', 'packages_hash')
+                       'gpus', 'cpu', 'machine', 'system', 'num_threads', 'switches', 'packages_hash', 'cpu_kernels',
+                       'libc')
 
 def _dist_name(name:str) -> str: return re.sub(r'[-_.]+', '-', name).lower()  # PEP 503 normalisation
 
@@ -218,7 +219,8 @@ def _static_info() -> dict:
                 cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
                 cuda_available=cuda, gpus=[torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
                 cpu=_cpu_model(), machine=platform.machine(), system=platform.system(), os=platform.platform(),
-                hostname=socket.gethostname(), packages_hash=packages_hash(), n_packages=len(installed_packages()))
+                hostname=socket.gethostname(), packages_hash=packages_hash(), n_packages=len(installed_packages()),
+                libc='-'.join(platform.libc_ver()) or None)  # torch's `default` CPU kernels call its exp, log, tanh
 
 # %% ../nbs/10_provenance.ipynb #5e786cb6
 def numeric_switches() -> dict:
@@ -228,9 +230,18 @@ def numeric_switches() -> dict:
                 float32_matmul_precision=torch.get_float32_matmul_precision(),
                 pythonhashseed=os.environ.get('PYTHONHASHSEED'))  # orders sets of strings, e.g. when a vocab is built
 
+def cpu_kernels() -> dict:
+    "The CPU kernels this process runs: torch's instruction set, MKL's CNR code path, oneDNN's ISA limit or 'off'"
+    mkl = torch_mkl()
+    return dict(aten=torch.backends.cpu.get_cpu_capability(), mkl_cbwr=mkl_cbwr(),
+                mkl_intel_cpu=None if mkl is None else bool(mkl.mkl_serv_intel_cpu()),  # MKL's branches are Intel-only
+                mkl_instructions=os.environ.get('MKL_ENABLE_INSTRUCTIONS'),
+                onednn=os.environ.get('ONEDNN_MAX_CPU_ISA', 'native') if torch.backends.mkldnn.enabled else 'off')
+
 def environment_info() -> dict:
     "Versions, device, threads and deterministic switches of this process, with `env_hash` over those that affect bit-identity"
-    info = dict(copy.deepcopy(_static_info()), num_threads=torch.get_num_threads(), switches=numeric_switches())
+    info = dict(copy.deepcopy(_static_info()), num_threads=torch.get_num_threads(), switches=numeric_switches(),
+                cpu_kernels=cpu_kernels())
     info['env_hash'] = _sha256(json.dumps({k: info[k] for k in BIT_IDENTITY_FIELDS}, sort_keys=True, default=str))
     return info
 

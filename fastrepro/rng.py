@@ -6,15 +6,18 @@ Docs: https://fastrepro.github.io/fastrepro/rng.html.md"""
 
 # %% ../nbs/01_rng.ipynb #69637985
 from __future__ import annotations
-import os, random, hashlib, warnings
+import os, random, ctypes, hashlib, warnings, functools
 import numpy as np, torch
+from .portable import DETERMINISTIC_ENV, PORTABLE_ISA, PORTABLE_THREADS, PORTABLE_THREADS_VAR, LAUNCHER, portable_env
 from fastai.basics import *
 from fastai.data.load import DataLoader
 
 # %% auto #0
-__all__ = ['SEED_BITS', 'NUMPY_SEED_MOD', 'CUBLAS_WORKSPACE', 'FILL_UNINITIALIZED', 'derive_seed', 'seed_global',
-           'deterministic_switches', 'set_switches', 'set_deterministic', 'seed_everything', 'loader_order',
-           'set_loader_order', 'loader_state', 'set_loader_state', 'rng_states', 'restore_rng_states']
+__all__ = ['SEED_BITS', 'NUMPY_SEED_MOD', 'CUBLAS_WORKSPACE', 'FILL_UNINITIALIZED', 'MKL_CBWR_ALL', 'MKL_CBWR_STRICT',
+           'MKL_CBWR_CHANGE_FAILED', 'MKL_CBWR_BRANCHES', 'derive_seed', 'seed_global', 'torch_mkl', 'mkl_cbwr',
+           'set_mkl_reproducible', 'set_mkl_cbwr', 'deterministic_switches', 'set_switches', 'set_deterministic',
+           'portable_threads', 'portable_problems', 'set_portable', 'restore_portable', 'seed_everything',
+           'loader_order', 'set_loader_order', 'loader_state', 'set_loader_state', 'rng_states', 'restore_rng_states']
 
 # %% ../nbs/01_rng.ipynb #bd454b04
 SEED_BITS = 63       # derived seeds are non-negative and fit torch's int64 seed
@@ -39,17 +42,73 @@ def seed_global(seed:int):
     np.random.seed(seed % NUMPY_SEED_MOD)
     torch.manual_seed(seed)  # also seeds every CUDA device (lazily when CUDA is not initialised yet)
 
-# %% ../nbs/01_rng.ipynb #ca8e50be
+# %% ../nbs/01_rng.ipynb #6d4e1dd1
+MKL_CBWR_ALL = -1  # `mkl_cbwr_get`'s query for the whole setting (branch and the STRICT flag)
+MKL_CBWR_STRICT = 0x10000
+MKL_CBWR_CHANGE_FAILED = -8  # `mkl_cbwr_set`'s answer once MKL has run
+MKL_CBWR_BRANCHES = {1: 'OFF', 2: 'AUTO', 3: 'COMPATIBLE', 4: 'SSE2', 6: 'SSSE3', 7: 'SSE4_1', 8: 'SSE4_2', 9: 'AVX',
+                     10: 'AVX2', 11: 'AVX512_MIC', 12: 'AVX512', 13: 'AVX512_MIC_E1', 14: 'AVX512_E1'}  # mkl_service.h
+
+@functools.cache
+def torch_mkl():
+    "torch's statically linked MKL service functions (`ctypes`), or None where torch has no MKL"
+    for lib in sorted((Path(torch.__file__).parent/'lib').glob('libtorch_cpu.*')):
+        try: mkl = ctypes.CDLL(str(lib))
+        except OSError: continue
+        if hasattr(mkl, 'mkl_serv_cbwr_set') and hasattr(mkl, 'mkl_serv_set_dynamic'): return mkl
+    return None
+
+@functools.cache
+def _omp():
+    "The OpenMP runtime torch runs on (`ctypes`), or None"
+    omp = ctypes.CDLL(None)
+    return omp if hasattr(omp, 'omp_set_dynamic') else None
+
+def mkl_cbwr() -> str|None:
+    "MKL's conditional numerical reproducibility in force: 'OFF', 'AUTO', 'COMPATIBLE', ... (None: no MKL)"
+    if torch_mkl() is None: return None
+    v = torch_mkl().mkl_serv_cbwr_get(MKL_CBWR_ALL)
+    name = MKL_CBWR_BRANCHES.get(v & ~MKL_CBWR_STRICT, str(v & ~MKL_CBWR_STRICT))
+    return name + (',STRICT' if v & MKL_CBWR_STRICT else '')
+
+_warned = set()  # the too-late warnings already given in this process: each is said once
+def _warn_once(key:str, msg:str):
+    if key in _warned: return
+    _warned.add(key)
+    warnings.warn(msg, stacklevel=3)
+
+def set_mkl_reproducible():
+    "Switch MKL's CNR to `DETERMINISTIC_ENV`'s `AUTO` unless the environment chose a mode (warns once when too late)"
+    if 'MKL_CBWR' not in os.environ and mkl_cbwr() == 'OFF': set_mkl_cbwr(DETERMINISTIC_ENV['MKL_CBWR'])
+
+def set_mkl_cbwr(mode:str) -> bool:
+    "Switch MKL's CNR to `mode` ('AUTO', 'COMPATIBLE'); False (and a warning, once) when MKL has run already"
+    if torch_mkl() is None or mkl_cbwr() == mode: return True
+    code = {v: k for k, v in MKL_CBWR_BRANCHES.items()}[mode]
+    rc = torch_mkl().mkl_serv_cbwr_set(code)
+    if rc == 0: return True
+    if rc != MKL_CBWR_CHANGE_FAILED: raise ValueError(f"MKL refused MKL_CBWR={mode} (error {rc}): use 'AUTO' or 'COMPATIBLE'.")
+    _warn_once(f'MKL_CBWR={mode}', f"MKL ran before fastrepro could set MKL_CBWR={mode} (it is {mkl_cbwr()}), so its "
+               f"results may differ between runs or machines in this process. Export MKL_CBWR={mode} before starting "
+               "Python, or call seed_everything before any training.")
+    return False
+
+# %% ../nbs/01_rng.ipynb #9c381c07
 def deterministic_switches() -> dict:
     "The deterministic switches in force now"
+    mkl, omp = torch_mkl(), _omp()
     return dict(cudnn_deterministic=torch.backends.cudnn.deterministic,
                 cudnn_benchmark=torch.backends.cudnn.benchmark,
                 deterministic_algorithms=torch.are_deterministic_algorithms_enabled(),
                 deterministic_warn_only=torch.is_deterministic_algorithms_warn_only_enabled(),
                 fill_uninitialized_memory=torch.utils.deterministic.fill_uninitialized_memory,
-                cublas_workspace_config=os.environ.get('CUBLAS_WORKSPACE_CONFIG'))
+                cublas_workspace_config=os.environ.get('CUBLAS_WORKSPACE_CONFIG'),
+                mkl_dynamic=None if mkl is None else bool(mkl.mkl_serv_get_dynamic()),
+                omp_dynamic=None if omp is None else bool(omp.omp_get_dynamic()),
+                mkldnn=torch.backends.mkldnn.enabled,
+                nnpack=torch._C._get_nnpack_enabled())
 
-# %% ../nbs/01_rng.ipynb #62e0bf6d
+# %% ../nbs/01_rng.ipynb #e6794c7e
 def set_switches(switches:dict):
     "Put the deterministic switches as `switches` says (the output of `deterministic_switches`)"
     torch.backends.cudnn.deterministic = switches['cudnn_deterministic']
@@ -60,8 +119,13 @@ def set_switches(switches:dict):
     cfg = switches.get('cublas_workspace_config')
     if cfg is None: os.environ.pop('CUBLAS_WORKSPACE_CONFIG', None)
     else: os.environ['CUBLAS_WORKSPACE_CONFIG'] = cfg
+    mkl, omp = torch_mkl(), _omp()
+    if switches.get('mkl_dynamic') is not None and mkl: mkl.mkl_serv_set_dynamic(int(switches['mkl_dynamic']))
+    if switches.get('omp_dynamic') is not None and omp: omp.omp_set_dynamic(int(switches['omp_dynamic']))
+    if 'mkldnn' in switches: torch.backends.mkldnn.enabled = switches['mkldnn']
+    if 'nnpack' in switches: torch._C._set_nnpack_enabled(switches['nnpack'])
 
-# %% ../nbs/01_rng.ipynb #43158d2d
+# %% ../nbs/01_rng.ipynb #471dfb22
 def set_deterministic(deterministic:bool=True, # switch determinism on (True) or leave PyTorch's fast defaults (False)
                       warn_only:bool=False, # with `deterministic`, warn instead of raising on nondeterministic ops
                       fill_uninitialized:bool=FILL_UNINITIALIZED, # also fill every `torch.empty` with NaN (finds code that reads memory it never wrote; slow)
@@ -74,18 +138,70 @@ def set_deterministic(deterministic:bool=True, # switch determinism on (True) or
                           "nondeterministic algorithms in this process. Call `seed_everything` before any CUDA work, "
                           f"or export CUBLAS_WORKSPACE_CONFIG={CUBLAS_WORKSPACE} before starting Python.")
         os.environ['CUBLAS_WORKSPACE_CONFIG'] = CUBLAS_WORKSPACE
-    set_switches(dict(cudnn_deterministic=deterministic, cudnn_benchmark=False if deterministic else before['cudnn_benchmark'],
+    if deterministic: set_mkl_reproducible()
+    off_unless_exported = lambda var, now: False if deterministic and var not in os.environ else now
+    set_switches(dict(before, cudnn_deterministic=deterministic,
+                      cudnn_benchmark=False if deterministic else before['cudnn_benchmark'],
                       deterministic_algorithms=deterministic, deterministic_warn_only=warn_only and deterministic,
                       fill_uninitialized_memory=fill_uninitialized and deterministic,
-                      cublas_workspace_config=os.environ.get('CUBLAS_WORKSPACE_CONFIG')))
+                      cublas_workspace_config=os.environ.get('CUBLAS_WORKSPACE_CONFIG'),
+                      mkl_dynamic=off_unless_exported('MKL_DYNAMIC', before['mkl_dynamic']),
+                      omp_dynamic=off_unless_exported('OMP_DYNAMIC', before['omp_dynamic'])))
     return before
 
-# %% ../nbs/01_rng.ipynb #1c2505ef
+# %% ../nbs/01_rng.ipynb #71928f79
+def portable_threads() -> int:
+    "The thread count of a portable run: the launcher's `--threads`, else `PORTABLE_THREADS`"
+    return int(os.environ.get(PORTABLE_THREADS_VAR, PORTABLE_THREADS))
+
+def portable_problems(threads:int|None=None, # the portable thread count (default `portable_threads()`)
+                     ) -> dict:
+    "What is not pinned to portable kernels in this process, as {what: why}; empty when everything is"
+    threads, res = threads or portable_threads(), {}
+    cap = torch.backends.cpu.get_cpu_capability()
+    if cap != 'DEFAULT':
+        res['ATEN_CPU_CAPABILITY'] = f"torch runs its {cap} kernels: ATEN_CPU_CAPABILITY=default came too late"
+    if torch_mkl() is not None and mkl_cbwr() != 'COMPATIBLE':
+        res['MKL_CBWR'] = f"MKL runs its {mkl_cbwr()} code path: MKL_CBWR=COMPATIBLE was not set before its first call"
+    if torch.backends.mkldnn.enabled: res['mkldnn'] = "oneDNN is on and picks its kernels by instruction set"
+    if torch._C._get_nnpack_enabled(): res['nnpack'] = "NNPACK is on and picks its kernels by instruction set"
+    if torch.get_num_threads() != threads:
+        res['threads'] = f"torch runs {torch.get_num_threads()} threads, not {threads}: reductions split by thread"
+    sw = deterministic_switches()
+    if sw['mkl_dynamic'] or sw['omp_dynamic']: res['dynamic threads'] = "MKL or OpenMP may run a call on fewer threads"
+    return res
+
+def set_portable(threads:int|None=None, # the fixed thread count (default `portable_threads()`)
+                ) -> dict:
+    "Pin every CPU library to portable kernels as far as this process still allows; what it was, for `restore_portable`"
+    threads = threads or portable_threads()
+    before = dict(switches=deterministic_switches(), num_threads=torch.get_num_threads(),
+                  environ={k: os.environ.get(k) for k in portable_env(threads)})
+    os.environ.update(portable_env(threads))  # for the libraries not started yet, and for child processes
+    set_mkl_cbwr(PORTABLE_ISA['MKL_CBWR'])
+    set_switches(dict(before['switches'], mkldnn=False, nnpack=False, mkl_dynamic=False, omp_dynamic=False))
+    torch.set_num_threads(threads)
+    left = portable_problems(threads)
+    if left: _warn_once('portable:' + ','.join(left), "Not portable in this process: " + '; '.join(left.values()) +
+                        f". Start it with the launcher: {LAUNCHER} --threads {threads} script.py (or -m module).")
+    return before
+
+def restore_portable(before:dict):
+    "Put back what `set_portable` changed (the kernel choices libraries already made stay)"
+    for k, v in before['environ'].items():  # first: MKL reads MKL_DYNAMIC when it starts, which may be now
+        if v is None: os.environ.pop(k, None)
+        else: os.environ[k] = v
+    torch.set_num_threads(before['num_threads'])  # before the switches: it also switches MKL's dynamic threading off
+    set_switches(before['switches'])
+
+# %% ../nbs/01_rng.ipynb #3a692011
 def seed_everything(seed:int, # seed for every generator
-                    deterministic:bool=True, # also flip every deterministic switch (cuDNN, algorithms, cuBLAS)
+                    deterministic:bool=True, # also flip every deterministic switch (cuDNN, algorithms, cuBLAS, MKL CNR)
                     warn_only:bool=False, # with `deterministic`, warn instead of raising on nondeterministic ops
+                    portable:bool=False, # also pin portable CPU kernels (`set_portable`): the same bits on another CPU
                    ) -> dict:
     "Seed Python, NumPy, torch CPU and every CUDA device; with `deterministic`, flip every deterministic switch"
+    if portable: set_portable()
     if deterministic is not None: set_deterministic(deterministic, warn_only=warn_only)
     seed_global(seed)
     return deterministic_switches()

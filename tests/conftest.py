@@ -9,6 +9,13 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED_CSV = ROOT.parent/'shared'/'data'/'imdb_sample'/'texts.csv'
 CLI_TIMEOUT_S = 120  # a command refused for bad input answers in seconds; training commands pass their own timeout
 
+sys.path.insert(0, str(ROOT))  # this checkout's fastrepro
+from fastrepro.portable import DETERMINISTIC_ENV  # imports no torch
+
+# MKL and OpenMP read these when they start, in this process and in every process a test starts: MKL's conditional
+# numerical reproducibility and no dynamic threading (issue 12), the same in all of them whatever ran MKL first
+for k, v in DETERMINISTIC_ENV.items(): os.environ.setdefault(k, v)
+
 
 @pytest.fixture(scope='session')
 def fastai_home(tmp_path_factory):

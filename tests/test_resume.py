@@ -2,8 +2,10 @@
 
 Each stage runs in its own process (`fastrepro.jobs`): the reference; a stop (cancelled and `learn.save`d, or killed by
 SIGKILL right after `SaveModelCallback`'s checkpoint); the resume (another global seed, stray draws, `lr_find`,
-`learn.load`, the `start_epoch` that `checkpoint_info` reports). `same_run` compares the final model's sha256 over every
-parameter and buffer, every per-batch loss and parameter norm, \
+`learn.load`, the `start_epoch` that `checkpoint_info` reports). Every process starts with `DETERMINISTIC_ENV` (MKL's
+conditional numerical reproducibility, no dynamic threading: issue 12), which MKL and OpenMP read when they start, so
+no process depends on the machine's load or on memory alignment; each comparison runs once, nothing retries.
+`same_run` compares the final model's sha256 over every parameter and buffer, every per-batch loss and parameter norm,
 the Recorder's values and, in fp16, every loss-scale row."""
 import signal
 import pytest
@@ -21,8 +23,8 @@ def texts(fastai_home):
     return df, lm_dls(df).vocab
 
 
-def run(spec, mode, *args, killed=False):
-    p = job_process(spec, mode, *args)
+def run(spec, mode, killed=False, **kwargs):
+    p = job_process(spec, mode, **kwargs)
     assert p.returncode == (-signal.SIGKILL if killed else 0), job_error(p)
 
 
@@ -34,7 +36,7 @@ def check_resumes(job, stops=('cancel', 'kill')):
     for stop in stops:
         run(spec, stop, killed=stop == 'kill')
         ck = 'cancel' if stop == 'cancel' else f'kill_{STOP_EPOCH}'
-        run(spec, 'resume', ck)
+        run(spec, 'resume', checkpoint=ck)
         res = RunRecord.load(job.path/f'resumed-{ck}.pt')
         assert res.trace.epoch.max() == N_EPOCH - 1 and (res.trace.epoch > STOP_EPOCH).any()
         ok, why = same_run(ref, res)
