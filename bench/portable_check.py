@@ -1,8 +1,8 @@
 """Portable mode on this machine (issue 12): the weight digests of the tiny ULMFiT run
 (`fastrepro demo --profile test`'s reference run A: the language model, then the classifier on its encoder; seed 42,
-one thread) with this CPU's own kernels, under emulated other instruction sets, and in portable mode. Each variant is a fresh process, since the
-libraries pick their kernels when they start. What the docs promise: the native digests may change with the
-instruction set; the portable digests do not change with anything the environment of the machine says.
+one thread) with this CPU's own kernels, under emulated other instruction sets, and in portable mode. Each variant is a
+fresh process, since the libraries pick their kernels when they start. What the docs promise: the native digests may
+change with the instruction set; the portable digests do not change with anything the environment of the machine says.
 
     python -m bench.portable_check            # every variant, a table on stdout and bench/out/portable_check.json
     python -m bench.portable_check --worker   # one run in this process: a JSON line (what each variant runs)

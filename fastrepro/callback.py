@@ -85,7 +85,8 @@ def grad_presence(model) -> list:
 def set_grad_presence(model, present:list):
     "Give the parameters of `model` zero gradients where `present` says, none elsewhere"
     params = list(model.parameters())
-    if len(params) != len(present): raise ResumeError(f"The checkpoint has {len(present)} parameters, the model {len(params)}.")
+    if len(params) != len(present):
+        raise ResumeError(f"The checkpoint has {len(present)} parameters, the model {len(params)}.")
     for p, has in zip(params, present):
         if has and p.grad is None: p.grad = torch.zeros_like(p)
         elif has: p.grad.detach_().zero_()
@@ -103,7 +104,8 @@ def _to(o, device):
 
 def carried_state(model) -> dict:
     "What `model` carries from one batch to the next: `hidden` (and `bs`) of each module that has `reset` and `hidden`"
-    return {n: {'hidden': _detached(m.hidden), 'bs': getattr(m, 'bs', None)} for n, m in get_model(model).named_modules()
+    return {n: {'hidden': _detached(m.hidden), 'bs': getattr(m, 'bs', None)}
+            for n, m in get_model(model).named_modules()
             if callable(getattr(m, 'reset', None)) and 'hidden' in m.__dict__}
 
 def set_carried_state(model, d:dict, device):
@@ -115,7 +117,8 @@ def set_carried_state(model, d:dict, device):
 
 def metric_states(mets) -> list:
     "The accumulators of fastai metrics `mets` (numbers, tensors, lists of tensors), one dict per metric"
-    keep = lambda v: isinstance(v, (int, float, Tensor)) or (isinstance(v, list) and all(isinstance(o, Tensor) for o in v))
+    keep = lambda v: isinstance(v, (int, float, Tensor)) or (isinstance(v, list) and
+                                                             all(isinstance(o, Tensor) for o in v))
     return [{k: _detached(v) for k, v in vars(m).items() if keep(v) and not k.startswith('_')} for m in mets]
 
 def set_metric_states(mets, states:list, device):
@@ -125,12 +128,14 @@ def set_metric_states(mets, states:list, device):
 
 # %% ../nbs/03_callback.ipynb #39a2c2af
 def fastai_callback_states(learn:Learner) -> dict:
-    "The state of the attached fastai callbacks that keep one: trackers (best, wait, lowered rates), gradient accumulation"
+    ("The state of the attached fastai callbacks that keep one: trackers (best, wait, lowered rates), gradient "
+     "accumulation")
     res = {}
     for cb in learn.cbs:
         if isinstance(cb, TrackerCallback) and cb.best is not None:
             st = {'best': float(cb.best), **({'wait': int(cb.wait)} if hasattr(cb, 'wait') else {})}
-            if isinstance(cb, ReduceLROnPlateau) and learn.opt is not None: st['lrs'] = [float(h['lr']) for h in learn.opt.hypers]
+            if isinstance(cb, ReduceLROnPlateau) and learn.opt is not None:
+                st['lrs'] = [float(h['lr']) for h in learn.opt.hypers]
             res[cb.name] = st
         elif isinstance(cb, GradientAccumulation) and getattr(cb, 'count', 0):
             res[cb.name] = {'count': int(cb.count), 'grads': [_detached(p.grad) for p in learn.model.parameters()]}
@@ -154,7 +159,8 @@ def set_fastai_callback_states(learn:Learner, states:dict):
 # %% ../nbs/03_callback.ipynb #d5abb1b6
 @dataclass
 class Position:
-    "Where a run stands: its fit (0-based, on this learner), the fit's epochs, the next epoch to run, the batches done in it"
+    ("Where a run stands: its fit (0-based, on this learner), the fit's epochs, the next epoch to run, the batches "
+     "done in it")
     fit:int=-1; n_epoch:int|None=None; epoch:int=0; batch:int=0
     def state_dict(self, learn) -> dict: return dict(asdict(self), train_iter=int(getattr(learn, 'train_iter', 0)))
 
@@ -175,7 +181,8 @@ class FitRecord:
                  metric_version:str|None=None, tags:dict|None=None):
         self.ledger = Ledger(ledger) if isinstance(ledger, (str, Path)) else ledger
         store_attr('experiment,variant,metric_version,tags')
-        self.run_id, self.started, self.earlier = None, None, 0.  # the record; this segment's start; time trained before
+        # the record; this segment's start; time trained before
+        self.run_id, self.started, self.earlier = None, None, 0.
 
     def start(self, learn, seed:int, fit:int, start_epoch:int, prov:dict, resumed:int|None=None):
         "Add the record of a fit; resuming (`resumed`: the interrupted fit's record), mark that record running again"
@@ -187,7 +194,8 @@ class FitRecord:
             return self.ledger.update(resumed, status='running', notes=f"resumed at epoch {start_epoch}")
         hp = dict(lr=float(learn.opt.hypers[-1]['lr']) if learn.opt is not None else None, epochs=learn.n_epoch,
                   bs=getattr(learn.dls, 'bs', None), arch=type(get_model(learn.model)).__name__,
-                  loss_func=type(learn.loss_func).__name__, fit_idx=fit, start_epoch=start_epoch, world_size=world_size())
+                  loss_func=type(learn.loss_func).__name__, fit_idx=fit, start_epoch=start_epoch,
+                  world_size=world_size())
         self.run_id, self.earlier = self.ledger.add(dict(
             experiment=self.experiment or DEFAULT_EXPERIMENT, variant=self.variant, seed=seed, hyperparameters=hp,
             tags=self.tags, metric_version=self.metric_version, data_fingerprint=data_fingerprint(learn.dls),
@@ -211,17 +219,17 @@ class ReproCB(Callback):
         portable:bool=False, # pin portable CPU kernels and threads for the fit (`set_portable`; restored afterwards)
         warn_only:bool=False, # with `deterministic`, warn instead of raising on nondeterministic ops
         deterministic_data:bool=True, # serve every batch from streams derived from (seed, epoch, item)
-        per_item:bool|None=None, # data streams per item (True), per batch (False), or None: as each loader needs (`make_deterministic`)
+        per_item:bool|None=None, # per item (True) or per batch (False) data streams; None: `make_deterministic` decides
         trace_every:int=TRACE_EVERY, # record the parameter norms every N training iterations (0: losses only)
         allow_dirty:bool=False, # train from a git working tree with uncommitted changes (the patch is recorded)
         repo_path:str|Path|None=None, # a folder inside the code's git repository; None: the working directory
         ledger:Ledger|str|Path|None=None, # the ledger, or its path, that gets one record per fit; None: no records
         experiment:str|None=None, # experiment name in the ledger
         variant:str|None=None, # variant name in the ledger (e.g. 'baseline')
-        metric_version:str|None=None, # version of the validation data, procedure and metric; runs of other versions are not compared
+        metric_version:str|None=None, # validation data/procedure/metric version; other versions' runs are not compared
         tags:dict|None=None, # user tags stored with each ledger record
         allow_cudnn_rnn_dropout:bool=False, # accept cuDNN's uncapturable RNN dropout on CUDA
-        rank_streams:bool=True, # in a distributed run, each rank's dropout and other model-side draws from its own streams
+        rank_streams:bool=True, # distributed runs: each rank's dropout and other model-side draws from its own streams
         allow_world_size_change:bool=False, # resume, at an epoch boundary, a checkpoint of another number of processes
     ):
         store_attr('seed,deterministic,portable,warn_only,deterministic_data,per_item,allow_dirty,repo_path,'
@@ -232,7 +240,8 @@ class ReproCB(Callback):
         self.position = Position()   # where the run stands
         self.pending = None          # a loaded checkpoint's state, until the next fit takes it
         self.resuming = None         # that state, taken by the running fit, until its first epoch applies it
-        self.prov = self.device = self._switches_before = None  # the running fit's provenance, device, switches before it
+        # the running fit's provenance, device, switches before it
+        self.prov = self.device = self._switches_before = None
         self._portable_before = None  # with `portable`, what `set_portable` changed for the running fit
         self.active, self.cancelled, self.start_epoch = False, False, 0
         self.resumes = False         # whether the running fit resumes an interrupted one
@@ -258,7 +267,8 @@ class ReproCB(Callback):
         check_ranks_agree(self.prov)
         self.device = str(getattr(self.dls, 'device', None) or default_device())
         found = audit_fit(self.learn, env, self.allow_cudnn_rnn_dropout)
-        if self.resumes and self.resuming is not None: found += audit_resume(self.resuming['provenance'], self._provenance())
+        if self.resumes and self.resuming is not None:
+            found += audit_resume(self.resuming['provenance'], self._provenance())
         self.findings.report(found)
         if self.deterministic_data:
             make_deterministic(self.dls, derive_seed(self.seed, 'data'), per_item=self.per_item, rank=rank_distrib())
@@ -305,15 +315,18 @@ class ReproCB(Callback):
 
     def after_cancel_fit(self): self.cancelled = True
     def after_fit(self):
-        self._end_fit('interrupted' if self.cancelled else 'completed', 'cancelled (CancelFitException)' if self.cancelled else None)
+        self._end_fit('interrupted' if self.cancelled else 'completed',
+                      'cancelled (CancelFitException)' if self.cancelled else None)
     def after_fit_exception(self, exc):
-        self._end_fit('interrupted' if isinstance(exc, (KeyboardInterrupt, SystemExit)) else 'failed', f"{type(exc).__name__}: {exc}")
+        self._end_fit('interrupted' if isinstance(exc, (KeyboardInterrupt, SystemExit)) else 'failed',
+                      f"{type(exc).__name__}: {exc}")
 
     def state_dict(self) -> dict:
         "Where the run stands and what a fit that resumes it needs, `weights_only`-safe"
         if self.pending is not None: return self.pending  # loaded and not fitted since: the same checkpoint
         rec = getattr(self.learn, 'recorder', None)
-        res = dict(seed=self.seed, position=self.position.state_dict(self.learn), grad_present=grad_presence(self.model),
+        res = dict(seed=self.seed, position=self.position.state_dict(self.learn),
+                   grad_present=grad_presence(self.model),
                    recorder=recorder_state(rec) if rec is not None and hasattr(rec, 'lrs') else None,
                    trace=self.trace.state_dict(), provenance=self._provenance(), ledger_run=self.record.run_id,
                    fastai_callbacks=fastai_callback_states(self.learn), world_size=world_size())
@@ -324,8 +337,8 @@ class ReproCB(Callback):
     def load_state_dict(self, d:dict):
         "Keep a checkpoint's state pending: the next fit takes it (`_begin_fit`) and applies it (`_resume`)"
         if self.seed is not None and d['seed'] != self.seed:
-            warnings.warn(f"The checkpoint was written by a run with seed={d['seed']}; this ReproCB has seed={self.seed}. "
-                          "The checkpoint's seed is used, so the resumed run continues its streams.")
+            warnings.warn(f"The checkpoint was written by a run with seed={d['seed']}; this ReproCB has "
+                          f"seed={self.seed}. The checkpoint's seed is used, so the resumed run continues its streams.")
         self.seed, self.pending = d['seed'], d
 
     @property
@@ -345,43 +358,47 @@ class ReproCB(Callback):
         p, self.pending = self.pending, None
         pos = None if p is None else p['position']
         # a checkpoint written inside epoch 0 is resumed by the same fit call with start_epoch=0
-        inside_first = start == 0 and pos is not None and pos['epoch'] == 0 and pos['batch'] > 0 and pos['n_epoch'] == self.n_epoch
+        inside_first = (start == 0 and pos is not None and pos['epoch'] == 0 and pos['batch'] > 0
+                        and pos['n_epoch'] == self.n_epoch)
         self.resumes, self.resume_batch = start > 0 or inside_first, 0
         if self.resumes:
             if p is None:
-                warnings.warn(f"This fit resumes at epoch {start} but no fastrepro checkpoint was loaded: the Recorder, the "
-                              "iteration count and the trace are not restored, so it will not be bit-identical.")
+                warnings.warn(f"This fit resumes at epoch {start} but no fastrepro checkpoint was loaded: the "
+                              "Recorder, the iteration count and the trace are not restored, so it will not be "
+                              "bit-identical.")
                 self.position = Position(max(self.position.fit, 0), self.n_epoch, start)
                 return None
             if pos['batch'] and not self.deterministic_data:
-                raise ResumeError(f"The loaded checkpoint was written inside epoch {pos['epoch']} (after {pos['batch']} "
-                                  "batches). Resuming there needs deterministic data (`ReproCB(deterministic_data=True)`, "
-                                  "the default): without it the rest of the epoch's batches cannot be served again.")
+                raise ResumeError(f"The loaded checkpoint was written inside epoch {pos['epoch']} (after "
+                                  f"{pos['batch']} batches). Resuming there needs deterministic data "
+                                  "(`ReproCB(deterministic_data=True)`, the default): without it the rest of the "
+                                  "epoch's batches cannot be served again.")
             if pos['epoch'] != start:
-                raise ResumeError(f"The loaded checkpoint stopped before epoch {pos['epoch']} of its fit, so the resumed fit "
-                                  f"must start at epoch {pos['epoch']}; got start_epoch={start}.")
+                raise ResumeError(f"The loaded checkpoint stopped before epoch {pos['epoch']} of its fit, so the "
+                                  f"resumed fit must start at epoch {pos['epoch']}; got start_epoch={start}.")
             if p['world_size'] != world_size() and (pos['batch'] or not self.allow_world_size_change):
-                raise ResumeError(f"The loaded checkpoint comes from a run of {p['world_size']} process(es) and this run has "
-                                  f"{world_size()}: each process's share of the data, its generators and its model's hidden "
-                                  "state would differ, so the resumed run cannot be the interrupted one. Launch as many "
-                                  "processes as before, or resume at an epoch boundary with "
+                raise ResumeError(f"The loaded checkpoint comes from a run of {p['world_size']} process(es) and this "
+                                  f"run has {world_size()}: each process's share of the data, its generators and its "
+                                  "model's hidden state would differ, so the resumed run cannot be the interrupted "
+                                  "one. Launch as many processes as before, or resume at an epoch boundary with "
                                   "`ReproCB(allow_world_size_change=True)` (not bit-identical).")
             if pos['n_epoch'] != self.n_epoch:
-                raise ResumeError(f"The loaded checkpoint comes from a {pos['n_epoch']}-epoch fit; resuming it with n_epoch="
-                                  f"{self.n_epoch} changes the schedule. Call the same fit method with n_epoch={pos['n_epoch']}.")
+                raise ResumeError(f"The loaded checkpoint comes from a {pos['n_epoch']}-epoch fit; resuming it with "
+                                  f"n_epoch={self.n_epoch} changes the schedule. Call the same fit method with "
+                                  f"n_epoch={pos['n_epoch']}.")
             self.position, self.resume_batch = Position(pos['fit'], self.n_epoch, start), pos['batch']
             return p
         dropped = _dropped_start_epoch()
         if dropped:
             raise ResumeError(f"`{dropped[0]}` was called with start_epoch={dropped[1]} but does not pass it on to "
-                              "`Learner.fit` (fastai's `fit_flat_cos` does this), so this fit would silently restart at "
-                              "epoch 0. Resume with `fit_one_cycle`, `fit_sgdr` or `fit`, which honour start_epoch.")
+                              "`Learner.fit` (fastai's `fit_flat_cos` does this), so this fit would silently restart "
+                              "at epoch 0. Resume with `fit_one_cycle`, `fit_sgdr` or `fit`, which honour start_epoch.")
         fit = self.position.fit
         if p is not None:
             if pos['n_epoch'] is not None and (pos['epoch'], pos['batch']) < (pos['n_epoch'], 0):
-                warnings.warn(f"The loaded checkpoint stopped inside its {pos['n_epoch']}-epoch fit (epoch {pos['epoch']}, "
-                              f"batch {pos['batch']}), but this fit starts anew. To resume it, call the same fit with "
-                              f"start_epoch={pos['epoch']}.")
+                warnings.warn(f"The loaded checkpoint stopped inside its {pos['n_epoch']}-epoch fit (epoch "
+                              f"{pos['epoch']}, batch {pos['batch']}), but this fit starts anew. To resume it, call "
+                              f"the same fit with start_epoch={pos['epoch']}.")
             fit = max(fit, pos['fit'])
         self.position = Position(fit + 1, self.n_epoch, 0)
         return p  # a new fit after the checkpoint's: it continues the trace, and the gradients the optimizer steps
@@ -419,10 +436,10 @@ class ReproCB(Callback):
 
     def _silence(self):
         "Keep the other callbacks out of the end of an epoch that a resumed fit skips"
-        # fastai's `SkipToEpoch` cancels the epoch and still sends `after_epoch` to every callback, with an empty Recorder
-        # row: fastai's trackers read it (IndexError), `SaveModelCallback(every_epoch=True)` saves the resumed model under
-        # the skipped epoch's name. This callback comes first in `after_cancel_epoch`, and silences the others until the
-        # next epoch starts.
+        # fastai's `SkipToEpoch` cancels the epoch and still sends `after_epoch` to every callback, with an empty
+        # Recorder row: fastai's trackers read it (IndexError), `SaveModelCallback(every_epoch=True)` saves the resumed
+        # model under the skipped epoch's name. This callback comes first in `after_cancel_epoch`, and silences the
+        # others until the next epoch starts.
         self._silenced += [cb for cb in self.learn.cbs if cb is not self and cb.run]
         for cb in self._silenced: cb.run = False
 
@@ -438,7 +455,8 @@ class ReproCB(Callback):
     def _barrier(self, epoch:int):
         "Seed every generator, each DataLoader's included, from (seed, fit index, epoch) and the rank"
         seed_global(derive_seed(self.seed, self.position.fit, epoch, *self._rank))
-        for i, dl in enumerate(self.dls.loaders): dl.rng = random.Random(derive_seed(self.seed, self.position.fit, epoch, 'dl', i))
+        for i, dl in enumerate(self.dls.loaders):
+            dl.rng = random.Random(derive_seed(self.seed, self.position.fit, epoch, 'dl', i))
 
     def _end_fit(self, status:str, notes:str|None=None):
         "Put back what the fit changed, and complete its record; also when it raised"
@@ -465,9 +483,9 @@ def set_loader_orders(dls, orders:list):
 def _repro_summary(state:dict) -> dict:
     "What `checkpoint_info` shows of a `ReproCB` state"
     pos, prov = state['position'], state['provenance']
-    return dict(seed=state['seed'], fit_idx=pos['fit'], n_epoch=pos['n_epoch'], start_epoch=pos['epoch'], batch=pos['batch'],
-                iteration=pos['train_iter'], env=prov['env'], git=unpack_git(prov['git']), device=prov['device'],
-                world_size=state['world_size'])
+    return dict(seed=state['seed'], fit_idx=pos['fit'], n_epoch=pos['n_epoch'], start_epoch=pos['epoch'],
+                batch=pos['batch'], iteration=pos['train_iter'], env=prov['env'], git=unpack_git(prov['git']),
+                device=prov['device'], world_size=state['world_size'])
 
 # %% ../nbs/03_callback.ipynb #e7ca0cb8
 _V1_TRACE_KEYS = {'fp_names': 'param_names', 'fp_rows': 'norm_rows', 'fp': 'norms'}  # format 1's names of the norms

@@ -33,8 +33,10 @@ JOB_TIMEOUT_S = 900       # a job process that runs longer than this is killed a
 BEST = 'best'             # the file name of `SaveModelCallback`'s best model, with `trackers`
 
 class StopAfter(Callback):
-    "After epoch `epoch`, end this process by SIGKILL (`how='kill'`), or save `cancel.pth` and end the fit (`how='cancel'`)"
-    order = TrackerCallback.order + 4  # after fastai's trackers (60-63) decided on the epoch, SaveModelCallback saved it
+    ("After epoch `epoch`, end this process by SIGKILL (`how='kill'`), or save `cancel.pth` and end the fit "
+     "(`how='cancel'`)")
+    # after fastai's trackers (60-63) decided on the epoch, SaveModelCallback saved it
+    order = TrackerCallback.order + 4
     def __init__(self, epoch:int, how:str='kill'): self.stop_epoch, self.how = epoch, how
     def after_epoch(self):
         if self.epoch != self.stop_epoch: return
@@ -116,7 +118,8 @@ def _script(job:Job, kill=None):
     lm = ulmfit_lm_learner(job.df, job.profile, job.seed, job.path, num_workers=job.num_workers, cbs=ckpt())
     fit_stages(lm, [Stage(0, 1, job.stages[0].lr)])
     lm.save_encoder(ENCODER)
-    clas = ulmfit_classifier(job.df, lm.dls.vocab, job.profile, job.seed, job.path, num_workers=job.num_workers, cbs=ckpt())
+    clas = ulmfit_classifier(job.df, lm.dls.vocab, job.profile, job.seed, job.path, num_workers=job.num_workers,
+                             cbs=ckpt())
     fit_stages(clas, [Stage(-2, 1, job.stages[0].lr), Stage(0, 1, job.stages[0].lr/2)])
     return clas
 
@@ -133,7 +136,8 @@ def run_job(spec, # a job file (`Job.write`)
     if mode == 'script': return job.record(_script(job, kill), record or 'script.pt')
     if mode == 'resume':
         learn = job.learner(init_seed=job.seed + RESUME_SEED_OFFSET, disturb=True)
-        learn.freeze_to(job.stages[-1].freeze_to)  # before `load`: freezing clears the optimizer state that `load` restores
+        # before `load`: freezing clears the optimizer state that `load` restores
+        learn.freeze_to(job.stages[-1].freeze_to)
         learn.lr_find(num_it=5, show_plot=False)  # a real fit with its own temporary checkpoint: it changes nothing
         learn.load(checkpoint)
         start = checkpoint_info(learn.path/learn.model_dir/f'{checkpoint}.pth')['start_epoch']
@@ -142,9 +146,11 @@ def run_job(spec, # a job file (`Job.write`)
     learn = job.learner()
     if mode == 'reference': return job.record(job.train(learn), record or 'reference.pt')
     if mode == 'cancel': return job.train(learn, StopAfter(stop_epoch, 'cancel'))
-    if mode == 'kill': job.train(learn, SaveModelCallback(every_epoch=True, with_opt=True, fname='kill'), StopAfter(stop_epoch))
+    if mode == 'kill':
+        job.train(learn, SaveModelCallback(every_epoch=True, with_opt=True, fname='kill'), StopAfter(stop_epoch))
     elif mode == 'preempt': job.train(learn, *hit)
-    else: raise ValueError(f"Unknown job mode {mode!r}: 'reference', 'cancel', 'kill', 'preempt', 'resume' or 'script'.")
+    else:
+        raise ValueError(f"Unknown job mode {mode!r}: 'reference', 'cancel', 'kill', 'preempt', 'resume' or 'script'.")
     raise RuntimeError(f"The {mode} job was not stopped: its last fit has {job.stages[-1].n_epoch} epoch(s).")
 
 def job_process(spec, # a job file

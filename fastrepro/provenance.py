@@ -23,7 +23,8 @@ __all__ = ['MAX_FILES_SHOWN', 'RACY_SECONDS', 'BIT_IDENTITY_FIELDS', 'PATCH_ZLIB
 
 # %% ../nbs/10_provenance.ipynb #9454b67c
 class DirtyTreeError(RuntimeError):
-    "The git working tree has uncommitted changes (or no commit at all), so no commit identifies the code that would run"
+    ("The git working tree has uncommitted changes (or no commit at all), so no commit identifies the code that "
+     "would run")
 
 class ProvenanceWarning(UserWarning):
     "Provenance could not be fully recorded (e.g. the code is not in a git repository)"
@@ -34,15 +35,18 @@ _GIT_ENV = {'GIT_OPTIONAL_LOCKS': '0'}  # reading must never take the index lock
 _warned_outside = set()  # paths already warned about, so each warns once per process
 
 def _git(repo:git.Repo, *args, **env) -> bytes:
-    "Raw stdout of `git args` in `repo`'s working tree with `env` added, run by gitpython (`GitCommandError` on failure)"
-    return repo.git.execute(['git', *args], env={**_GIT_ENV, **env}, stdout_as_string=False, strip_newline_in_stdout=False)
+    ("Raw stdout of `git args` in `repo`'s working tree with `env` added, run by gitpython (`GitCommandError` on "
+     "failure)")
+    return repo.git.execute(['git', *args], env={**_GIT_ENV, **env}, stdout_as_string=False,
+                            strip_newline_in_stdout=False)
 
 def _open_repo(path) -> git.Repo|None:
     "The repository containing `path`, or None when there is none (the caller closes it)"
     try: return git.Repo(path, search_parent_directories=True)
     except git.InvalidGitRepositoryError: return None
 
-def _decode(b:bytes) -> str: return b.decode('utf-8', 'surrogateescape')  # lossless for any file name or content encoding
+# lossless for any file name or content encoding
+def _decode(b:bytes) -> str: return b.decode('utf-8', 'surrogateescape')
 
 # %% ../nbs/10_provenance.ipynb #f627c61e
 _STATUS_FIELDS = {'1': 8, '2': 9, 'u': 10}  # fixed fields before the path, per entry type of porcelain v2
@@ -54,7 +58,8 @@ def _parse_status(raw:bytes) -> dict:
     for e in entries:
         if not e: continue
         if e.startswith('# branch.oid '): res['commit'] = None if e.endswith('(initial)') else e.split()[-1]
-        elif e.startswith('# branch.head '): res['branch'] = None if e.endswith('(detached)') else e[len('# branch.head '):]
+        elif e.startswith('# branch.head '):
+            res['branch'] = None if e.endswith('(detached)') else e[len('# branch.head '):]
         elif e.startswith('? '): res['untracked'].add(e[2:])
         elif e[0] in _STATUS_FIELDS:
             fields = e.split(' ', _STATUS_FIELDS[e[0]])
@@ -69,7 +74,8 @@ def _status(repo:git.Repo) -> tuple:
     return raw, _parse_status(raw)
 
 # %% ../nbs/10_provenance.ipynb #972b0e0e
-_DIFF_OPTS = ('--binary', '--no-color', '--no-ext-diff', '--no-textconv', '--no-renames', '--src-prefix=a/', '--dst-prefix=b/')
+_DIFF_OPTS = ('--binary', '--no-color', '--no-ext-diff', '--no-textconv', '--no-renames', '--src-prefix=a/',
+              '--dst-prefix=b/')
 
 def _patch(repo:git.Repo, commit:str|None, untracked:list) -> bytes:
     "Tracked changes against `commit` (or the empty tree) plus `untracked` files as new-file diffs"
@@ -80,7 +86,8 @@ def _patch(repo:git.Repo, commit:str|None, untracked:list) -> bytes:
         if os.path.exists(own): shutil.copyfile(own, index)
         spec = os.path.join(d, 'untracked')
         Path(spec).write_bytes('\0'.join(untracked).encode('utf-8', 'surrogateescape'))
-        _git(repo, 'add', '--intent-to-add', f'--pathspec-from-file={spec}', '--pathspec-file-nul', GIT_INDEX_FILE=index)
+        _git(repo, 'add', '--intent-to-add', f'--pathspec-from-file={spec}', '--pathspec-file-nul',
+             GIT_INDEX_FILE=index)
         return _git(repo, 'diff', *_DIFF_OPTS, base, '--', GIT_INDEX_FILE=index)
 
 # %% ../nbs/10_provenance.ipynb #77e4db79
@@ -155,14 +162,16 @@ def git_patch(path='.', # a directory inside the repository
              ) -> str:
     "The uncommitted changes of the repository containing `path` as a patch that `git apply` replays on its commit"
     info, patch = _inspect(Path(path).resolve())
-    if not info['is_repo']: raise ValueError(f"{Path(path).resolve()} is not inside a git repository, so there is no patch "
-                                             "to record. Run from the project's git checkout.")
+    if not info['is_repo']:
+        raise ValueError(f"{Path(path).resolve()} is not inside a git repository, so there is no patch "
+                         "to record. Run from the project's git checkout.")
     return _decode(patch or b'')
 
 # %% ../nbs/10_provenance.ipynb #cf801d91
 def _listing(info:dict) -> str:
     "The dirty files of `info`, by category, at most `MAX_FILES_SHOWN` each"
-    def _fmt(ps): return ', '.join(ps[:MAX_FILES_SHOWN]) + (f' (and {len(ps)-MAX_FILES_SHOWN} more)' if len(ps) > MAX_FILES_SHOWN else '')
+    def _fmt(ps): return ', '.join(ps[:MAX_FILES_SHOWN]) + (f' (and {len(ps)-MAX_FILES_SHOWN} more)'
+                                                            if len(ps) > MAX_FILES_SHOWN else '')
     return '; '.join(f"{k}: {_fmt(info[k])}" for k in ('modified', 'staged', 'untracked') if info[k])
 
 def check_clean(info:dict, # the result of `git_info`
@@ -171,9 +180,9 @@ def check_clean(info:dict, # the result of `git_info`
     "Raise `DirtyTreeError` when `info` describes uncommitted changes or a repository without commits; return `info`"
     if allow_dirty or not info['is_repo']: return info
     if info['commit'] is None:
-        raise DirtyTreeError(f"The git repository {info['root']} has no commits yet, so no commit can identify the code "
-                             "this run uses and its result could not be reproduced. Commit the code (`git add -A && "
-                             "git commit`), or pass allow_dirty=True to record the full patch with the run.")
+        raise DirtyTreeError(f"The git repository {info['root']} has no commits yet, so no commit can identify the "
+                             "code this run uses and its result could not be reproduced. Commit the code (`git add -A "
+                             "&& git commit`), or pass allow_dirty=True to record the full patch with the run.")
     if info['dirty']:
         raise DirtyTreeError(f"The git working tree {info['root']} has uncommitted changes ({_listing(info)}). The "
                              f"recorded commit {info['commit'][:12]} is not the code that would run, so the result "
@@ -216,8 +225,10 @@ def _static_info() -> dict:
     cuda = torch.cuda.is_available()
     return dict(python=platform.python_version(), torch=torch.__version__, fastai=fastai.__version__,
                 fastcore=fastcore.__version__, fastrepro=fastrepro.__version__, numpy=np.__version__,
-                cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-                cuda_available=cuda, gpus=[torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
+                cuda=torch.version.cuda,
+                cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+                cuda_available=cuda,
+                gpus=[torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
                 cpu=_cpu_model(), machine=platform.machine(), system=platform.system(), os=platform.platform(),
                 hostname=socket.gethostname(), packages_hash=packages_hash(), n_packages=len(installed_packages()),
                 libc='-'.join(platform.libc_ver()) or None)  # torch's `default` CPU kernels call its exp, log, tanh
@@ -239,7 +250,8 @@ def cpu_kernels() -> dict:
                 onednn=os.environ.get('ONEDNN_MAX_CPU_ISA', 'native') if torch.backends.mkldnn.enabled else 'off')
 
 def environment_info() -> dict:
-    "Versions, device, threads and deterministic switches of this process, with `env_hash` over those that affect bit-identity"
+    ("Versions, device, threads and deterministic switches of this process, with `env_hash` over those that affect "
+     "bit-identity")
     info = dict(copy.deepcopy(_static_info()), num_threads=torch.get_num_threads(), switches=numeric_switches(),
                 cpu_kernels=cpu_kernels())
     info['env_hash'] = _sha256(json.dumps({k: info[k] for k in BIT_IDENTITY_FIELDS}, sort_keys=True, default=str))
@@ -265,7 +277,8 @@ def env_diff(a:dict, # an `environment_info()` result (e.g. from a checkpoint)
 def run_provenance(path='.', # a directory inside the repository of the code that runs
                    allow_dirty:bool=False, # accept uncommitted changes, recording the patch
                   ) -> dict:
-    "Fields `commit`, `dirty`, `patch`, `git`, `env` and `env_hash` for a run record; raises `DirtyTreeError` on a dirty tree"
+    ("Fields `commit`, `dirty`, `patch`, `git`, `env` and `env_hash` for a run record; raises `DirtyTreeError` on a "
+     "dirty tree")
     info, patch = _git_state(path)
     check_clean(info, allow_dirty)
     env = environment_info()
@@ -285,9 +298,9 @@ def check_ranks_agree(prov:dict, # this process's `run_provenance`
         diff = {k: (ranks[0][k], o[k]) for k in ('commit', 'diff_hash') if o[k] != ranks[0][k]}
         diff.update(env_diff(ranks[0]['env'], o['env']))
         if diff: bad.append(f"rank {r}: " + '; '.join(f"{k} {b} (rank 0: {a})" for k, (a, b) in diff.items()))
-    if bad: raise RankMismatchError(f"The processes of this distributed run differ ({' | '.join(bad)}): each would train "
-                                    "with other code or numerics, and no single environment reproduces the result. Run "
-                                    "the same commit with the same packages on every node.")
+    if bad: raise RankMismatchError(f"The processes of this distributed run differ ({' | '.join(bad)}): each would "
+                                    "train with other code or numerics, and no single environment reproduces the "
+                                    "result. Run the same commit with the same packages on every node.")
     return ranks
 
 # %% ../nbs/10_provenance.ipynb #206ec647

@@ -8,7 +8,8 @@ Docs: https://fastrepro.github.io/fastrepro/rng.html.md"""
 from __future__ import annotations
 import os, random, ctypes, hashlib, warnings, functools
 import numpy as np, torch
-from .portable import DETERMINISTIC_ENV, PORTABLE_ISA, PORTABLE_THREADS, PORTABLE_THREADS_VAR, LAUNCHER, portable_env
+from .portable import (DETERMINISTIC_ENV, PORTABLE_ISA, PORTABLE_THREADS, PORTABLE_THREADS_VAR, LAUNCHER,
+                                portable_env)
 from fastai.basics import *
 from fastai.data.load import DataLoader
 
@@ -87,7 +88,8 @@ def set_mkl_cbwr(mode:str) -> bool:
     code = {v: k for k, v in MKL_CBWR_BRANCHES.items()}[mode]
     rc = torch_mkl().mkl_serv_cbwr_set(code)
     if rc == 0: return True
-    if rc != MKL_CBWR_CHANGE_FAILED: raise ValueError(f"MKL refused MKL_CBWR={mode} (error {rc}): use 'AUTO' or 'COMPATIBLE'.")
+    if rc != MKL_CBWR_CHANGE_FAILED:
+        raise ValueError(f"MKL refused MKL_CBWR={mode} (error {rc}): use 'AUTO' or 'COMPATIBLE'.")
     _warn_once(f'MKL_CBWR={mode}', f"MKL ran before fastrepro could set MKL_CBWR={mode} (it is {mkl_cbwr()}), so its "
                f"results may differ between runs or machines in this process. Export MKL_CBWR={mode} before starting "
                "Python, or call seed_everything before any training.")
@@ -113,7 +115,8 @@ def set_switches(switches:dict):
     "Put the deterministic switches as `switches` says (the output of `deterministic_switches`)"
     torch.backends.cudnn.deterministic = switches['cudnn_deterministic']
     torch.backends.cudnn.benchmark = switches['cudnn_benchmark']
-    torch.use_deterministic_algorithms(switches['deterministic_algorithms'], warn_only=switches['deterministic_warn_only'])
+    torch.use_deterministic_algorithms(switches['deterministic_algorithms'],
+                                       warn_only=switches['deterministic_warn_only'])
     if 'fill_uninitialized_memory' in switches:
         torch.utils.deterministic.fill_uninitialized_memory = switches['fill_uninitialized_memory']
     cfg = switches.get('cublas_workspace_config')
@@ -126,10 +129,11 @@ def set_switches(switches:dict):
     if 'nnpack' in switches: torch._C._set_nnpack_enabled(switches['nnpack'])
 
 # %% ../nbs/01_rng.ipynb #471dfb22
-def set_deterministic(deterministic:bool=True, # switch determinism on (True) or leave PyTorch's fast defaults (False)
-                      warn_only:bool=False, # with `deterministic`, warn instead of raising on nondeterministic ops
-                      fill_uninitialized:bool=FILL_UNINITIALIZED, # also fill every `torch.empty` with NaN (finds code that reads memory it never wrote; slow)
-                     ) -> dict:
+def set_deterministic(
+    deterministic:bool=True, # switch determinism on (True) or leave PyTorch's fast defaults (False)
+    warn_only:bool=False, # with `deterministic`, warn instead of raising on nondeterministic ops
+    fill_uninitialized:bool=FILL_UNINITIALIZED, # also NaN-fill `torch.empty` (finds reads of unwritten memory; slow)
+) -> dict:
     "Flip every deterministic switch; returns the switches as they were before"
     before = deterministic_switches()
     if deterministic and 'CUBLAS_WORKSPACE_CONFIG' not in os.environ:
@@ -222,7 +226,8 @@ def _set_py_state(d:dict, r=random):
 
 def _np_state() -> dict:
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {'kind': kind, 'keys': _pack_u32(keys), 'pos': int(pos), 'has_gauss': int(has_gauss), 'cached_gaussian': float(cached)}
+    return {'kind': kind, 'keys': _pack_u32(keys), 'pos': int(pos), 'has_gauss': int(has_gauss),
+            'cached_gaussian': float(cached)}
 
 def _set_np_state(d:dict):
     np.random.set_state((d['kind'], _unpack_u32(d['keys']), d['pos'], d['has_gauss'], d['cached_gaussian']))
@@ -237,7 +242,8 @@ def _torch_state(gen=torch.default_generator):
     b, end = raw.numpy(), _TORCH_MT_START + 8*_MT_WORDS
     words = b[_TORCH_MT_START:end].view(np.uint64) if len(b) >= end else None
     if words is None or (words >> 32).any(): return raw  # a layout this code does not know: kept as it is
-    return {'mt32': torch.from_numpy(np.concatenate([b[:_TORCH_MT_START], words.astype(np.uint32).view(np.uint8), b[end:]]))}
+    return {'mt32': torch.from_numpy(np.concatenate([b[:_TORCH_MT_START], words.astype(np.uint32).view(np.uint8),
+                                                     b[end:]]))}
 
 def _set_torch_state(st, gen=torch.default_generator):
     "Restore a state from `_torch_state` (or a raw `get_state` tensor)"
@@ -306,12 +312,12 @@ def restore_rng_states(states:dict, # from `rng_states`, possibly through `torch
     if 'cuda' in states:
         if not torch.cuda.is_available() or torch.cuda.device_count() != len(states['cuda']):
             warnings.warn(f"The saved states cover {len(states['cuda'])} CUDA device(s) but this process sees "
-                          f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}: CUDA generators are not restored, "
-                          "so GPU random numbers will differ from the saved run.")
+                          f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}: CUDA generators are not "
+                          "restored, so GPU random numbers will differ from the saved run.")
         else: torch.cuda.set_rng_state_all(states['cuda'])
     if dls is not None and 'loaders' in states:
         loaders = _loaders(dls)
         if len(loaders) != len(states['loaders']):
-            raise ValueError(f"The saved states hold {len(states['loaders'])} DataLoaders but {len(loaders)} were given: "
-                             "pass the same `dls` (train, valid, ...) that were captured.")
+            raise ValueError(f"The saved states hold {len(states['loaders'])} DataLoaders but {len(loaders)} were "
+                             "given: pass the same `dls` (train, valid, ...) that were captured.")
         for dl, d in zip(loaders, states['loaders']): set_loader_state(dl, d)
