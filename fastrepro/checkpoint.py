@@ -172,7 +172,7 @@ def to_plain(o, where:str='state'):
 # %% ../nbs/02_checkpoint.ipynb #56c2da54
 def _extends(learn) -> bool: return bool(stateful_cbs(learn)) and not in_lr_find(learn)
 
-_fastai_save = Learner.save
+_fastai_save = getattr(Learner, '_orig_save', Learner.save)  # fastai's own, also when this cell runs again
 
 @patch
 @delegates(_fastai_save)
@@ -244,8 +244,10 @@ def _repro_load(fastai_load, clean_keys=noop):
     load.__doc__ = f"{fastai_load.__doc__}; with stateful callbacks attached, also hands them their state"
     return load
 
-Learner.load = _repro_load(Learner.load)
-TextLearner.load = _repro_load(TextLearner.load, clean_raw_keys)
+for _cls, _clean in ((Learner, noop), (TextLearner, clean_raw_keys)):
+    # fastai's own `load` stays `_orig_load` (as `@patch` keeps it), so wrapping again wraps fastai's, not ours
+    if '_orig_load' not in vars(_cls): _cls._orig_load = vars(_cls)['load']
+    _cls.load = _repro_load(_cls._orig_load, _clean)
 
 # %% ../nbs/02_checkpoint.ipynb #4db791d2
 _summaries = {}  # callback name -> function(state) -> what `checkpoint_info` shows of that callback's state

@@ -37,7 +37,9 @@ def stateful_cbs(learn:Learner) -> L:
     return L(cb for cb in learn.cbs if is_stateful(cb)).sorted('name')
 
 # %% ../nbs/00_core.ipynb #721ad132
-_fastai_fit = Learner.fit
+# fastai's own `fit`: `@patch` keeps it as `_orig_fit`, so running this cell again (a notebook, another
+# notebook in the same process) does not wrap the wrapper, which would plan every fit twice
+_fastai_fit = getattr(Learner, '_orig_fit', Learner.fit)
 
 def _finding_lr(learn:Learner, extra:L) -> bool: return any(isinstance(cb, LRFinder) for cb in L(learn.cbs) + extra)
 
