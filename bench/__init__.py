@@ -6,7 +6,7 @@ installed (`python -m` puts the current folder first on the module path):
     python -m bench.run [--quick]          # every CPU benchmark; writes bench/RESULTS.md and bench/results.json
     python -m bench.epoch_time [--quick]   # one benchmark, its rows printed
     python -m bench.gpu_bench [--cpu]      # the GPU benchmarks (GPU_RESULTS.md)
-    python -m bench.gpu_check [--cpu]      # is float16 training and resume bit-identical on this GPU?
+    python -m bench.gpu_check [--cpu]      # fp16 runs, resumes (fresh processes), cuDNN RNN dropout, switches on a GPU
     python -m bench.profile_misses         # where fastrepro's time goes (the profiles quoted in RESULTS.md)
     python -m bench.stress_resume          # same-seed kill-and-resume runs under load (CPU_NUMERICS.md)
     python -m bench.portable_check         # portable mode's digests, native and under other instruction sets
