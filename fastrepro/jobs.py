@@ -13,7 +13,7 @@ from fastai.text.all import *
 from fastai.callback.tracker import TrackerCallback, ReduceLROnPlateau
 import fastrepro
 from .portable import DETERMINISTIC_ENV
-from .rng import seed_everything, set_mkl_reproducible, mkl_cbwr
+from .rng import seed_everything, same_kernels_env
 from .callback import ReproCB
 from .fp16 import ReproMixedPrecision  # also adds `Learner.to_repro_fp16`
 from .preempt import CheckpointCB
@@ -153,12 +153,6 @@ def run_job(spec, # a job file (`Job.write`)
         raise ValueError(f"Unknown job mode {mode!r}: 'reference', 'cancel', 'kill', 'preempt', 'resume' or 'script'.")
     raise RuntimeError(f"The {mode} job was not stopped: its last fit has {job.stages[-1].n_epoch} epoch(s).")
 
-def _same_mkl_path() -> dict:
-    "`MKL_CBWR` that makes a new process take this one's MKL code path (empty: MKL's default, CNR off); {} without MKL"
-    set_mkl_reproducible()  # CNR `AUTO` here too, unless MKL ran already or the environment chose a mode
-    mode = mkl_cbwr()
-    return {} if mode is None else {'MKL_CBWR': '' if mode == 'OFF' else mode}
-
 def job_process(spec, # a job file
                 mode:str, # the `run_job` mode
                 timeout:float=JOB_TIMEOUT_S, # seconds before the process is killed
@@ -167,9 +161,9 @@ def job_process(spec, # a job file
                ) -> subprocess.CompletedProcess:
     "Run `run_job(spec, mode, **kwargs)` in a fresh Python process, this fastrepro first on its path"
     root = str(Path(fastrepro.__file__).resolve().parents[1])
-    # MKL and OpenMP read theirs before any of our code runs; MKL's code path is this process's, as the job's results
-    # are compared with this process's
-    env = {**DETERMINISTIC_ENV, **os.environ, **_same_mkl_path(), **(env or {})}
+    # MKL and OpenMP read theirs before any of our code runs; torch's and MKL's kernels are this process's, as the
+    # job's results are compared with this process's
+    env = {**DETERMINISTIC_ENV, **os.environ, **same_kernels_env(), **(env or {})}
     env['PYTHONPATH'] = os.pathsep.join([root, os.environ.get('PYTHONPATH', '')])
     kwargs = json.loads(json.dumps(kwargs))  # plain values for the command line (a `signal.Signals` becomes its number)
     code = f"from fastrepro.jobs import run_job; run_job({str(spec)!r}, {mode!r}, **{kwargs!r})"

@@ -17,8 +17,9 @@ from fastai.data.load import DataLoader
 __all__ = ['SEED_BITS', 'NUMPY_SEED_MOD', 'CUBLAS_WORKSPACE', 'FILL_UNINITIALIZED', 'MKL_CBWR_ALL', 'MKL_CBWR_STRICT',
            'MKL_CBWR_CHANGE_FAILED', 'MKL_CBWR_BRANCHES', 'derive_seed', 'seed_global', 'torch_mkl', 'mkl_cbwr',
            'set_mkl_reproducible', 'set_mkl_cbwr', 'deterministic_switches', 'set_switches', 'set_deterministic',
-           'portable_threads', 'portable_problems', 'set_portable', 'restore_portable', 'seed_everything',
-           'loader_order', 'set_loader_order', 'loader_state', 'set_loader_state', 'rng_states', 'restore_rng_states']
+           'portable_threads', 'portable_problems', 'set_portable', 'restore_portable', 'same_kernels_env',
+           'take_kernels', 'seed_everything', 'loader_order', 'set_loader_order', 'loader_state', 'set_loader_state',
+           'rng_states', 'restore_rng_states']
 
 # %% ../nbs/01_rng.ipynb #bd454b04
 SEED_BITS = 63       # derived seeds are non-negative and fit torch's int64 seed
@@ -197,6 +198,19 @@ def restore_portable(before:dict):
         else: os.environ[k] = v
     torch.set_num_threads(before['num_threads'])  # before the switches: it also switches MKL's dynamic threading off
     set_switches(before['switches'])
+
+# %% ../nbs/01_rng.ipynb #5c220430
+def same_kernels_env() -> dict:
+    "The environment that makes a new process pick this one's CPU kernels: torch's instruction set and MKL's code path"
+    set_mkl_reproducible()  # CNR `AUTO` here too, unless MKL ran already or the environment chose a mode
+    env = {'ATEN_CPU_CAPABILITY': torch.backends.cpu.get_cpu_capability().lower()}  # this process's, chosen now if not yet
+    mode = mkl_cbwr()
+    if mode is not None: env['MKL_CBWR'] = '' if mode == 'OFF' else mode
+    return env
+
+def take_kernels(env:dict): # `same_kernels_env()` of the starting process
+    "A process pool's `initializer`: the pool's processes pick the kernels of the process that started them"
+    os.environ.update(env)
 
 # %% ../nbs/01_rng.ipynb #3a692011
 def seed_everything(seed:int, # seed for every generator
