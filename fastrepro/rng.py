@@ -203,7 +203,8 @@ def restore_portable(before:dict):
 def same_kernels_env() -> dict:
     "The environment that makes a new process pick this one's CPU kernels: torch's instruction set and MKL's code path"
     set_mkl_reproducible()  # CNR `AUTO` here too, unless MKL ran already or the environment chose a mode
-    env = {'ATEN_CPU_CAPABILITY': torch.backends.cpu.get_cpu_capability().lower()}  # this process's, chosen now if not yet
+    # torch's instruction set: this process's (chosen now if no kernel ran yet)
+    env = {'ATEN_CPU_CAPABILITY': torch.backends.cpu.get_cpu_capability().lower()}
     mode = mkl_cbwr()
     if mode is not None: env['MKL_CBWR'] = '' if mode == 'OFF' else mode
     return env
