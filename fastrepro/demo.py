@@ -20,7 +20,7 @@ import fastai
 from fastai.text.all import *
 from fastprogress.fastprogress import master_bar, progress_bar
 import fastrepro
-from .rng import seed_everything, same_kernels_env, take_kernels
+from .rng import seed_everything
 from .callback import ReproCB
 # also adds `Learner.to_repro_fp16`, `loss_scale_history`, `plot_loss_scale`
 from .fp16 import ReproMixedPrecision
@@ -368,13 +368,11 @@ def train_arm(df:pd.DataFrame, vocab:list, profile:Profile, path:Path, # the dem
 
 @contextmanager
 def seed_pool(workers:int): # processes (0: none)
-    "A pool of `workers` fresh processes for `repeat`, with this process's CPU kernels (`same_kernels_env`); None for 0"
+    "A pool of `workers` fresh processes (spawned: nothing of this process's state leaks in) for `repeat`; None for 0"
     if not workers:
         yield None
         return
-    # spawned: nothing of this process's state leaks in but the kernel choices, which the seeds' bits depend on
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context('spawn'), initializer=take_kernels,
-                             initargs=(same_kernels_env(),)) as ex: yield ex
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context('spawn')) as ex: yield ex
 
 # %% ../nbs/16_demo.ipynb #6896bcd1
 @demo_check('change over seeds')

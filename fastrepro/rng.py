@@ -209,9 +209,12 @@ def same_kernels_env() -> dict:
     if mode is not None: env['MKL_CBWR'] = '' if mode == 'OFF' else mode
     return env
 
-def take_kernels(env:dict): # `same_kernels_env()` of the starting process
-    "A process pool's `initializer`: the pool's processes pick the kernels of the process that started them"
-    os.environ.update(env)
+def take_kernels(env:dict, # `same_kernels_env()` of the process to compute like
+                ) -> dict:
+    "Pick the kernels of `env` where this process has not picked its own yet; what differs, {variable: (here, there)}"
+    os.environ.update(env)  # torch reads its variable at its first kernel, MKL at its first call
+    here = same_kernels_env()
+    return {k: (here.get(k), v) for k, v in env.items() if here.get(k) != v}
 
 # %% ../nbs/01_rng.ipynb #3a692011
 def seed_everything(seed:int, # seed for every generator

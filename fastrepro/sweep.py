@@ -6,7 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/sweep.html.md"""
 
 # %% ../nbs/13_sweep.ipynb #a33eb66d
 from __future__ import annotations
-import os, sys, time, uuid, pickle, socket, threading, traceback, contextlib, multiprocessing
+import os, sys, time, uuid, pickle, socket, warnings, threading, traceback, contextlib, multiprocessing
 import numpy as np, pandas as pd
 from collections.abc import Mapping
 from functools import partial
@@ -67,20 +67,30 @@ def _sendable(e:Exception) -> Exception:
     try: pickle.loads(pickle.dumps(e)); return e
     except Exception: return RuntimeError(f"{type(e).__name__}: {e}")
 
-def _run_seed(train_fn, seed:int, threads:int, deterministic:bool, with_env:bool, sweep_id:str) -> dict:
-    "Run one seed in this process, pinned: metrics and times, or the error `train_fn` raised; the environment"
+def _run_seed(train_fn, seed:int, threads:int, deterministic:bool, with_env:bool, sweep_id:str,
+              kernels:dict|None=None) -> dict:
+    ("Run one seed in this process, pinned (with the CPU `kernels` of `same_kernels_env` where it can): metrics and "
+     "times, or the error `train_fn` raised; the environment; the kernels it could not take")
     # `sweep_id` makes each task unique: Dask caches a task by its arguments and would hand a rerun the last outcome
     _check_worker()
-    with _SEED_LOCK, pinned(seed, threads, deterministic):
-        env = None
-        if with_env:
-            from fastrepro.provenance import environment_info  # imports torch: only when recording
-            env = environment_info()  # inside the pin: the threads and switches the seed runs with
-        started, t0 = _now(), time.perf_counter()
-        try: metrics, error, trace = _as_metrics(train_fn(seed), seed), None, None
-        except Exception as e: metrics, error, trace = None, _sendable(e), traceback.format_exc()
-        return dict(seed=seed, metrics=metrics, error=error, trace=trace, started=started, finished=_now(),
-                    duration=time.perf_counter()-t0, env=env)
+    with _SEED_LOCK:
+        unlike = {}
+        if kernels:
+            from fastrepro.rng import take_kernels  # imports torch: only in a worker
+            unlike = take_kernels(kernels)  # before `pinned`, whose switches would pick MKL's code path
+        with pinned(seed, threads, deterministic): return dict(_train_pinned(train_fn, seed, with_env), kernels=unlike)
+
+def _train_pinned(train_fn, seed:int, with_env:bool) -> dict:
+    "Run `train_fn(seed)`: its metrics and times, or the error it raised; the environment with `with_env`"
+    env = None
+    if with_env:
+        from fastrepro.provenance import environment_info  # imports torch: only when recording
+        env = environment_info()  # inside the pin: the threads and switches the seed runs with
+    started, t0 = _now(), time.perf_counter()
+    try: metrics, error, trace = _as_metrics(train_fn(seed), seed), None, None
+    except Exception as e: metrics, error, trace = None, _sendable(e), traceback.format_exc()
+    return dict(seed=seed, metrics=metrics, error=error, trace=trace, started=started, finished=_now(),
+                duration=time.perf_counter()-t0, env=env)
 
 # %% ../nbs/13_sweep.ipynb #5d63aa26
 def _check_sendable(train_fn, executor:Executor):
@@ -155,6 +165,15 @@ def _completed(ledger, rec:dict, seeds:list) -> dict:
             for i, r in runs[~runs.seed.duplicated()].iterrows()}
 
 # %% ../nbs/13_sweep.ipynb #2b7d4c91
+def _warn_kernels(unlike:dict):
+    "Say which seeds ran with other CPU kernels than this process (`unlike`: seed -> what `take_kernels` said)"
+    what = '; '.join(dict.fromkeys(f"{k}: {there!r} here, {worker!r} there" for d in unlike.values()
+                                   for k, (worker, there) in d.items()))
+    warnings.warn(f"Seeds {sorted(unlike)} ran with other CPU kernels than this process ({what}): their worker had "
+                  "picked its own before the sweep, or runs on another CPU, so their bits are not those of a run here. "
+                  "Use fresh workers, or portable kernels on every machine (python -m fastrepro.portable).",
+                  stacklevel=3)
+
 def repeat(train_fn, # called as `train_fn(seed)`, returns a dict of final metrics
            seeds, # the seeds to run, e.g. range(5)
            executor:Executor|None=None, # where the seeds run (a process pool, `client.get_executor()`, ...); None: here
@@ -182,9 +201,13 @@ def repeat(train_fn, # called as `train_fn(seed)`, returns a dict of final metri
         if rows: print(f"repeat: seeds {sorted(rows)} have completed records in {ledger.db.address} (experiment "
                        f"{rec.get('experiment')!r}, variant {rec.get('variant')!r}, commit {str(rec['commit'])[:8]}): "
                        f"running {[s for s in seeds if s not in rows] or 'nothing'}.")
+    kernels = None
+    if executor is not None:
+        from fastrepro.rng import same_kernels_env
+        kernels = same_kernels_env()  # a seed's bits depend on them: the workers take this process's
     job = partial(_run_seed, train_fn, threads=threads or torch.get_num_threads(), deterministic=deterministic,
-                  with_env=ledger is not None, sweep_id=uuid.uuid4().hex)
-    error, lost = None, {}
+                  with_env=ledger is not None, sweep_id=uuid.uuid4().hex, kernels=kernels)
+    error, lost, unlike = None, {}, {}
     for seed, submitted, run in _iter_runs(job, [s for s in seeds if s not in rows], executor):
         run_id = {} if ledger is None else {'run_id': _record(ledger, rec, seed, submitted, run)}
         if isinstance(run, KeyboardInterrupt): raise run
@@ -192,6 +215,8 @@ def repeat(train_fn, # called as `train_fn(seed)`, returns a dict of final metri
         elif run['error'] is not None:
             if error is None: error, trace = run['error'], run['trace']
         else: rows[seed] = dict(seed=seed, **run_id, duration=run['duration'], **run['metrics'])
+        if not isinstance(run, BaseException) and run['kernels']: unlike[seed] = run['kernels']
+    if unlike: _warn_kernels(unlike)
     if error is not None:
         if executor is not None: error.add_note(f"train_fn raised this in a worker process:\n{trace}")
         raise error
