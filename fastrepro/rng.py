@@ -15,11 +15,11 @@ from fastai.data.load import DataLoader
 
 # %% auto #0
 __all__ = ['SEED_BITS', 'NUMPY_SEED_MOD', 'CUBLAS_WORKSPACE', 'FILL_UNINITIALIZED', 'MKL_CBWR_ALL', 'MKL_CBWR_STRICT',
-           'MKL_CBWR_CHANGE_FAILED', 'MKL_CBWR_BRANCHES', 'derive_seed', 'seed_global', 'torch_mkl', 'mkl_cbwr',
-           'set_mkl_reproducible', 'set_mkl_cbwr', 'deterministic_switches', 'set_switches', 'set_deterministic',
-           'portable_threads', 'portable_problems', 'set_portable', 'restore_portable', 'same_kernels_env',
-           'take_kernels', 'seed_everything', 'loader_order', 'set_loader_order', 'loader_state', 'set_loader_state',
-           'rng_states', 'restore_rng_states']
+           'MKL_CBWR_CHANGE_FAILED', 'MKL_CBWR_BRANCHES', 'ATEN_ISA_FLAGS', 'derive_seed', 'seed_global', 'torch_mkl',
+           'mkl_cbwr', 'set_mkl_reproducible', 'set_mkl_cbwr', 'deterministic_switches', 'set_switches',
+           'set_deterministic', 'portable_threads', 'portable_problems', 'set_portable', 'restore_portable',
+           'same_kernels_env', 'cpu_runs', 'take_kernels', 'seed_everything', 'loader_order', 'set_loader_order',
+           'loader_state', 'set_loader_state', 'rng_states', 'restore_rng_states']
 
 # %% ../nbs/01_rng.ipynb #bd454b04
 SEED_BITS = 63       # derived seeds are non-negative and fit torch's int64 seed
@@ -209,10 +209,27 @@ def same_kernels_env() -> dict:
     if mode is not None: env['MKL_CBWR'] = '' if mode == 'OFF' else mode
     return env
 
+# the CPU flags torch's own choice of its kernels checks (through cpuinfo); a variable that names them is not checked
+ATEN_ISA_FLAGS = {'default': set(), 'avx2': {'avx2', 'fma'}, 'avx512': {'avx512vl', 'avx512bw', 'avx512dq', 'fma'}}
+
+@functools.cache
+def _cpu_flags() -> set:
+    "This CPU's instruction-set flags (Linux's /proc/cpuinfo; empty where it cannot be read)"
+    try:
+        for line in Path('/proc/cpuinfo').read_text().splitlines():
+            if line.startswith('flags'): return set(line.split(':', 1)[1].split())
+    except OSError: pass
+    return set()
+
+def cpu_runs(isa:str) -> bool:
+    "Can this CPU run torch's kernels for `isa`, an `ATEN_CPU_CAPABILITY` value? (unknown ones: no)"
+    return isa in ATEN_ISA_FLAGS and ATEN_ISA_FLAGS[isa] <= _cpu_flags()
+
 def take_kernels(env:dict, # `same_kernels_env()` of the process to compute like
                 ) -> dict:
     "Pick the kernels of `env` where this process has not picked its own yet; what differs, {variable: (here, there)}"
-    os.environ.update(env)  # torch reads its variable at its first kernel, MKL at its first call
+    runnable = {k: v for k, v in env.items() if k != 'ATEN_CPU_CAPABILITY' or cpu_runs(v)}  # else: illegal instructions
+    os.environ.update(runnable)  # torch reads its variable at its first kernel, MKL at its first call
     here = same_kernels_env()
     return {k: (here.get(k), v) for k, v in env.items() if here.get(k) != v}
 
