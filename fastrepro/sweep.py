@@ -167,8 +167,8 @@ def _completed(ledger, rec:dict, seeds:list) -> dict:
 # %% ../nbs/13_sweep.ipynb #2b7d4c91
 def _warn_kernels(unlike:dict):
     "Say which seeds ran with other CPU kernels than this process (`unlike`: seed -> what `take_kernels` said)"
-    what = '; '.join(dict.fromkeys(f"{k}: {there!r} here, {worker!r} there" for d in unlike.values()
-                                   for k, (worker, there) in d.items()))
+    what = '; '.join(dict.fromkeys(f"{k}: {ours!r} here, {worker!r} there" for d in unlike.values()
+                                   for k, (worker, ours) in d.items()))
     warnings.warn(f"Seeds {sorted(unlike)} ran with other CPU kernels than this process ({what}): their worker had "
                   "picked its own before the sweep, or runs on another CPU, so their bits are not those of a run here. "
                   "Use fresh workers, or portable kernels on every machine (python -m fastrepro.portable).",
