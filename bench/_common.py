@@ -19,7 +19,7 @@ FULL_PROFILE = 'test'  # fastrepro.ulmfit profile of the full run's text models:
 # a larger one, where a full run also measures epochs (fewer rounds), data loading and checkpoints
 LARGER_PROFILE = 'fast'
 QUICK_PROFILE = 'smoke' # --quick's: smaller than fastrepro.ulmfit's 'test', so the smoke run stays short
-_SMOKE = dict(name='smoke', n_texts=48, max_chars=300, lm_bs=8, seq_len=16, clas_bs=8, emb_sz=16, n_hid=32, n_layers=2,
+SMOKE = dict(name='smoke', n_texts=48, max_chars=300, lm_bs=8, seq_len=16, clas_bs=8, emb_sz=16, n_hid=32, n_layers=2,
               lm_epochs=1, clas_epochs=1)
 
 
@@ -55,7 +55,7 @@ class Config:
 def profile(name:str):
     "The `fastrepro.ulmfit.Profile` called `name`, or the benchmarks' own 'smoke'"
     from fastrepro.ulmfit import Profile, get_profile
-    return Profile(**_SMOKE) if name == 'smoke' else get_profile(name)
+    return Profile(**SMOKE) if name == 'smoke' else get_profile(name)
 
 
 @dataclass

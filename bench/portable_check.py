@@ -8,7 +8,7 @@ change with the instruction set; the portable digests do not change with anythin
     python -m bench.portable_check --worker   # one run in this process: a JSON line (what each variant runs)
 """
 from __future__ import annotations
-import argparse, tempfile
+import os, sys, json, argparse, tempfile, subprocess
 from ._common import *
 
 # An AVX2 machine, as far as the environment can make this one look like it
@@ -78,6 +78,6 @@ def main(argv=None):
     out = Path(a.out); out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(dict(machine=machine_info(1), variants=res), indent=1, default=str))
     portable = {(r['lm'], r['clas']) for n, r in res.items() if n.startswith('portable') and 'only' not in n}
-    print(f"portable digests {'agree' if len(portable) == 1 else 'DIFFER'}: {sorted(portable)}")
+    if portable: print(f"portable digests {'agree' if len(portable) == 1 else 'DIFFER'}: {sorted(portable)}")
 
 if __name__ == '__main__': main()

@@ -9,7 +9,7 @@ process, imports excluded) is the basis: the machine is shared. Ratios are media
     python -m bench.portable_cost --rounds 5
 """
 from __future__ import annotations
-import argparse
+import json, argparse
 from ._common import *
 from .portable_check import run_variant
 
@@ -28,11 +28,13 @@ def main(argv=None):
     p.add_argument('--rounds', type=int, default=5)
     p.add_argument('--out', default=str(ROOT/'bench'/'out'/'portable_cost.json'))
     a = p.parse_args(argv)
-    names, res = list(VARIANTS), {n: [] for n in VARIANTS}
-    for r in range(a.rounds):
-        for n in names[r % len(names):] + names[:r % len(names)]:
-            res[n].append(run_variant(*VARIANTS[n]))
-            print(f"round {r} {n:18s} cpu {res[n][-1]['cpu']:.1f}s wall {res[n][-1]['wall']:.1f}s", flush=True)
+    def variant(n):
+        def run():
+            r = run_variant(*VARIANTS[n])
+            print(f"{n:18s} cpu {r['cpu']:.1f}s wall {r['wall']:.1f}s", flush=True)
+            return r
+        return run
+    res = interleave({n: variant(n) for n in VARIANTS}, a.rounds, warmup=0)  # rotating order, round by round
     rows = {}
     for case, base, other in PAIRS:
         for key in ('cpu', 'wall'):

@@ -11,12 +11,11 @@ ReproCB leaves variables the environment sets alone, so `off` is what fastrepro 
     python -m bench.stress_resume --rounds 10 --loads none,hog,burst,mem --threads 1,2 --setting recommended
 """
 from __future__ import annotations
-import argparse, signal, subprocess, tempfile, itertools
+import os, sys, json, argparse, signal, subprocess, tempfile, itertools
 from ._common import *
 
 LOADS = ('none', 'hog', 'burst', 'mem')
-SMALL = dict(name='stress', n_texts=48, max_chars=300, lm_bs=8, seq_len=16, clas_bs=8, emb_sz=16, n_hid=32, n_layers=2,
-             lm_epochs=3, clas_epochs=1)  # the test's LM, smaller: one round (two processes) in ~15 s
+SMALL = dict(SMOKE, name='stress', lm_epochs=3)  # the test's LM, smaller: one round (two processes) in ~15 s
 N_EPOCH, LR = 3, 1e-2  # as tests/test_resume.py
 MEM_MB = 1500          # the memory-pressure load touches this much, page by page, again and again
 SETTINGS = {'recommended': {}, 'off': dict(MKL_CBWR='', MKL_DYNAMIC='TRUE', OMP_DYNAMIC='FALSE')}

@@ -12,7 +12,7 @@ import git, numpy as np, torch, fastai, fastcore
 from pathlib import Path
 from fastcore.basics import *
 import fastrepro
-from .rng import deterministic_switches, mkl_cbwr, torch_mkl
+from .rng import deterministic_switches, mkl_cbwr, torch_mkl, cpuinfo
 from .core import all_gather
 
 # %% auto #0
@@ -213,11 +213,7 @@ def packages_hash() -> str:
 # %% ../nbs/10_provenance.ipynb #e06bc537
 def _cpu_model() -> str:
     "The CPU model name from /proc/cpuinfo, else what `platform` knows"
-    try:
-        for line in Path('/proc/cpuinfo').read_text().splitlines():
-            if line.startswith('model name'): return line.split(':', 1)[1].strip()
-    except OSError: pass
-    return platform.processor() or platform.machine()
+    return cpuinfo('model name') or platform.processor() or platform.machine()
 
 @functools.cache
 def _static_info() -> dict:

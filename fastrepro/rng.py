@@ -18,8 +18,8 @@ __all__ = ['SEED_BITS', 'NUMPY_SEED_MOD', 'CUBLAS_WORKSPACE', 'FILL_UNINITIALIZE
            'MKL_CBWR_CHANGE_FAILED', 'MKL_CBWR_BRANCHES', 'ATEN_ISA_FLAGS', 'derive_seed', 'seed_global', 'torch_mkl',
            'mkl_cbwr', 'set_mkl_reproducible', 'set_mkl_cbwr', 'deterministic_switches', 'set_switches',
            'set_deterministic', 'portable_threads', 'portable_problems', 'set_portable', 'restore_portable',
-           'same_kernels_env', 'cpu_runs', 'take_kernels', 'seed_everything', 'loader_order', 'set_loader_order',
-           'loader_state', 'set_loader_state', 'rng_states', 'restore_rng_states']
+           'same_kernels_env', 'cpuinfo', 'cpu_runs', 'take_kernels', 'seed_everything', 'loader_order',
+           'set_loader_order', 'loader_state', 'set_loader_state', 'rng_states', 'restore_rng_states']
 
 # %% ../nbs/01_rng.ipynb #bd454b04
 SEED_BITS = 63       # derived seeds are non-negative and fit torch's int64 seed
@@ -213,17 +213,17 @@ def same_kernels_env() -> dict:
 ATEN_ISA_FLAGS = {'default': set(), 'avx2': {'avx2', 'fma'}, 'avx512': {'avx512vl', 'avx512bw', 'avx512dq', 'fma'}}
 
 @functools.cache
-def _cpu_flags() -> set:
-    "This CPU's instruction-set flags (Linux's /proc/cpuinfo; empty where it cannot be read)"
+def cpuinfo(field:str) -> str|None:
+    "The first `field` of Linux's /proc/cpuinfo ('model name', 'flags'), or None where there is none"
     try:
         for line in Path('/proc/cpuinfo').read_text().splitlines():
-            if line.startswith('flags'): return set(line.split(':', 1)[1].split())
+            if line.split(':', 1)[0].strip() == field: return line.split(':', 1)[1].strip()
     except OSError: pass
-    return set()
+    return None
 
 def cpu_runs(isa:str) -> bool:
     "Can this CPU run torch's kernels for `isa`, an `ATEN_CPU_CAPABILITY` value? (unknown ones: no)"
-    return isa in ATEN_ISA_FLAGS and ATEN_ISA_FLAGS[isa] <= _cpu_flags()
+    return isa in ATEN_ISA_FLAGS and ATEN_ISA_FLAGS[isa] <= set((cpuinfo('flags') or '').split())
 
 def take_kernels(env:dict, # `same_kernels_env()` of the process to compute like
                 ) -> dict:
