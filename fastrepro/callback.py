@@ -16,7 +16,8 @@ from fastai.callback.training import GradientAccumulation
 from .core import *
 from .rng import *
 from .checkpoint import *
-from .data import make_deterministic, undo_deterministic, set_epoch
+from .data import make_deterministic, undo_deterministic, set_epoch, data_streams, pass_problem
+from .data import pass_position, resumed_pass_differs
 from .audit import audit_fit, audit_resume, Findings
 from .trace import Trace, TRACE_EVERY
 from .provenance import run_provenance, environment_info, pack_git, unpack_git, check_ranks_agree
@@ -272,6 +273,7 @@ class ReproCB(Callback):
         self.findings.report(found)
         if self.deterministic_data:
             make_deterministic(self.dls, derive_seed(self.seed, 'data'), per_item=self.per_item, rank=rank_distrib())
+        if self.resume_batch: self._check_resumable(self.resuming)
         if self.start_epoch == 0: seed_global(derive_seed(self.seed, self.position.fit, 'fit', *self._rank))
         resumed = self.resuming['ledger_run'] if self.resumes and self.resuming is not None else None
         self.record.start(self.learn, self.seed, self.position.fit, self.start_epoch, self.prov, resumed=resumed)
@@ -418,21 +420,54 @@ class ReproCB(Callback):
 
     def _first_batch(self) -> int: return self.resume_batch if self.epoch == self.start_epoch else 0
 
+    def inside_problem(self) -> str|None:
+        "Why a checkpoint written now, inside an epoch, could not be resumed exactly; None when it could"
+        if not (self.active and self.position.batch): return None  # an epoch boundary
+        if not self.deterministic_data: return "`ReproCB(deterministic_data=False)` cannot serve a pass's rest"
+        served = data_streams(self.dls.train).served
+        return pass_problem(self.dls.train if served is None else served.loader)
+
+    def _check_resumable(self, p:dict):
+        "Refuse, before training, a resume inside an epoch that this run's training loader cannot serve exactly"
+        why = (p['inside']['pass'] or {}).get('problem') or pass_problem(self.dls.train)
+        if why: raise ResumeError(f"The loaded checkpoint was written inside epoch {p['position']['epoch']} (after "
+                                  f"{p['position']['batch']} batches), and the rest of that pass cannot be served "
+                                  f"exactly: {why}. Resume from a checkpoint written at an epoch boundary (for such a "
+                                  "loader `CheckpointCB` writes only those).")
+
     def _inside_state(self) -> dict:
         "What a resume inside the epoch needs, as it stands now (or as training ended, during validation)"
         rec = getattr(self.learn, 'recorder', None)
         return dict(generators=self._train_end if not self.training and self._train_end else rng_states(),
                     pct_train=float(self.learn.pct_train), carried=carried_state(self.model),
-                    train_metrics=metric_states(rec._train_mets[1:]) if rec is not None else [])
+                    train_metrics=metric_states(rec._train_mets[1:]) if rec is not None else [],
+                    # what the schedulers set at the last batch: `Learner.fit` resets the rate, and a checkpoint
+                    # written after the epoch's last batch has no batch left to set it again
+                    hypers=[{k: float(v) for k, v in h.items() if isinstance(v, (int, float, np.number))}
+                            for h in self.opt.hypers],
+                    # the training pass as its loader counts it: the resume checks that it serves that pass's rest
+                    **{'pass': pass_position(self.dls.train) if self.deterministic_data else None})
 
     def _resume_inside(self):
         "Restore, at the first batch of a resume inside an epoch, what fastai's `before_train` events reset"
         st, self.inside, device = self.inside, None, self.dls.device or 'cpu'
+        self._check_resumed_pass(st['pass'])
         restore_rng_states(st['generators'])
         self.learn.pct_train = st['pct_train']
+        for h, saved in zip(self.opt.hypers, st['hypers'] or []): h.update(saved)
         set_carried_state(self.model, st['carried'], device)
         rec = getattr(self.learn, 'recorder', None)
         if rec is not None: set_metric_states(rec._train_mets[1:], st['train_metrics'], device)
+
+    def _check_resumed_pass(self, saved:dict|None):
+        "Stop the fit, before it trains on it, if the pass its loader serves is not the rest of the interrupted one"
+        batch = self.resume_batch
+        differs = [] if saved is None or saved['batch'] == batch else [
+            f"the checkpoint's position is after batch {batch}, its loader had served {saved['batch']} batches"]
+        differs += resumed_pass_differs(self.dl, saved or dict(batch=batch, n_batches=None, order=None))
+        if differs: raise ResumeError("The resumed fit does not continue the interrupted pass: " + '; '.join(differs)
+                                      + ". It stops before training on it. Resume with the DataLoaders, batch size "
+                                      "and data of the run that wrote the checkpoint, from an unmodified checkpoint.")
 
     def _silence(self):
         "Keep the other callbacks out of the end of an epoch that a resumed fit skips"
@@ -511,6 +546,16 @@ def _repro_from_v1(d:dict, learn:Learner|None) -> tuple:
     if kept: notes.append(f"format 1 holds no state of {kept}: they restart (best value, patience, lowered rates, "
                           "accumulated gradients), so the resume is not bit-identical.")
     return res, notes
+
+@checkpoint_upgrade('repro_cb', 2)
+def _repro_from_v2(d:dict, learn:Learner|None) -> tuple:
+    "A format-2 `ReproCB` state in format 3, and notes on what a resume of it lacks"
+    if 'inside' not in d: return d, []
+    return {**d, 'inside': {**d['inside'], 'pass': None, 'hypers': None}}, [
+        f"format 2 did not record the interrupted pass (its order and length), so the resume inside epoch "
+        f"{d['position']['epoch']} checks only that the loader starts at batch {d['position']['batch']}; nor the "
+        "optimizer's hyper-parameters at that batch, which the next batch's schedule sets (a checkpoint written "
+        "after the epoch's last batch keeps the fit's first rate until the next epoch)."]
 
 # %% ../nbs/03_callback.ipynb #c6881974
 @patch(as_prop=True)

@@ -6,8 +6,9 @@ Docs: https://fastrepro.github.io/fastrepro/data.html.md"""
 
 # %% ../nbs/05_data.ipynb #3461f3f2
 from __future__ import annotations
-import random, itertools
-from contextlib import contextmanager
+import random, itertools, hashlib
+from dataclasses import dataclass
+from contextlib import contextmanager, nullcontext
 import numpy as np, torch
 from torch.utils.data import get_worker_info
 from fastai.basics import *
@@ -15,11 +16,12 @@ from fastai.data.load import DataLoader
 from .rng import derive_seed, NUMPY_SEED_MOD, _loaders, _order_holder
 
 # %% auto #0
-__all__ = ['SHUFFLE_STREAM', 'WORKER_STREAM', 'BATCH_STREAM', 'ITEMS_STREAM', 'DataStreams', 'data_streams', 'items_draw',
-           'steps_draw', 'make_deterministic', 'undo_deterministic', 'set_epoch']
+__all__ = ['SHUFFLE_STREAM', 'WORKER_STREAM', 'BATCH_STREAM', 'ITEMS_STREAM', 'ServedPass', 'DataStreams', 'data_streams',
+           'items_draw', 'steps_draw', 'make_deterministic', 'undo_deterministic', 'set_epoch', 'draw_order',
+           'pass_problem', 'pass_position', 'resumed_pass_differs']
 
 # %% ../nbs/05_data.ipynb #b34468fb
-SHUFFLE_STREAM = 'shuffle' # a pass's order: `dl.rng`, and the global generators while `get_idxs` runs
+SHUFFLE_STREAM = 'shuffle' # a pass's order: `dl.rng`, and the global generators until the order is drawn
 WORKER_STREAM = 'workers'  # the worker processes' base seed
 BATCH_STREAM = 'batch'     # batch `i` in the main process: `after_batch` and anything else that runs there
 ITEMS_STREAM = 'items'     # batch `i`'s items when seeding per batch (`per_item=False`)
@@ -33,6 +35,17 @@ def _as_epoch(epoch):
     return tuple(int(o) for o in epoch)
 
 # %% ../nbs/05_data.ipynb #66b4d8f7
+@dataclass
+class ServedPass:
+    "A pass that a loader serves, as the loader counts it (in the main process)"
+    loader:object # the loader serving it: fastai's `DistributedDL` around the one with the streams, or that one
+    epoch:object # the pass coordinate
+    start:int # the batch it starts at (a resumed pass skips the batches before)
+    order:list|None # its whole order as drawn (before the skip); None for an unsized or iterable one
+    n:int=0 # the batches handed out
+    problem:str|None=None # why it cannot be resumed in its middle ('' if it can), once asked (`pass_problem`)
+    digest:str|None=None # a digest of its order, once asked (`pass_position`)
+
 class DataStreams:
     "The run `seed` and current pass coordinate `epoch` from which a DataLoader draws all its randomness"
     def __init__(self, seed:int, # the run seed
@@ -46,6 +59,7 @@ class DataStreams:
         self.steps_draw, self.rank = bool(steps_draw), int(rank)
         self.start = 0    # the first batch of the next pass: a pass resumed in its middle skips the batches before it
         self.step = None  # the batch `__iter__` is fetching in the main process (not state: it lives within a pass)
+        self.served = None  # the pass the loader serves, or served last (`ServedPass`; in the main process, not state)
 
     def seed_for(self, *coords) -> int:
         "The seed of stream `coords` (e.g. `SHUFFLE_STREAM`, or an item index) in the current pass"
@@ -59,6 +73,10 @@ class DataStreams:
         "Move on to the next pass: `epoch+1`, or a tuple with its last element plus one, from its first batch"
         e = self.epoch
         self.epoch, self.start = e[:-1]+(e[-1]+1,) if isinstance(e, tuple) else e+1, 0
+
+    def __getstate__(self):
+        "What a worker process gets: the streams, not the pass served in the main process (its order may be long)"
+        return {**self.__dict__, 'served': None}
 
     def __repr__(self):
         return (f"DataStreams(seed={self.seed}, epoch={self.epoch}, per_item={self.per_item}, dl_idx={self.dl_idx}, "
@@ -97,7 +115,7 @@ def _seeded(seed:int, cuda_gen=None):
         if cuda_gen is not None: cuda_gen.set_state(saved[1])
 
 # %% ../nbs/05_data.ipynb #13a6c846
-_PATCHED = ('__iter__', 'randomize', 'get_idxs', 'create_batches')
+_PATCHED = ('__iter__', 'randomize', 'create_batches')
 # fastai's own methods; `@patch` keeps them as `_orig_<name>`, so importing this module twice does not wrap twice
 _fastai = {n: getattr(DataLoader, '_orig_'+n, getattr(DataLoader, n)) for n in _PATCHED}
 
@@ -106,6 +124,11 @@ def data_streams(dl) -> DataStreams|None:
      "or None")
     st, inner = dl.__dict__.get('repro_streams'), dl.__dict__.get('dl')
     return data_streams(inner) if st is None and isinstance(inner, DataLoader) else st
+
+def _base(dl):
+    "The loader whose dataset and settings `dl` serves: the one fastai's `DistributedDL` wraps, else `dl` itself"
+    inner = dl.__dict__.get('dl')
+    return inner if isinstance(inner, DataLoader) else dl
 
 # %% ../nbs/05_data.ipynb #48c5bd59
 def _reset_order(dl):
@@ -127,18 +150,31 @@ def _skip(idxs, n:int):
     if not n: return idxs
     return idxs[n:] if hasattr(idxs, '__getitem__') and hasattr(idxs, '__len__') else itertools.islice(idxs, n, None)
 
-@patch
-def get_idxs(self:DataLoader):
-    "fastai's `get_idxs`; with streams, the shuffle starts from the canonical order under the pass's shuffle stream"
-    st = data_streams(self)
-    if st is None: return _fastai['get_idxs'](self)
-    if self.shuffle: _reset_order(self)
-    if st.start and not self.indexed:
+def _serve(dl, idxs):
+    "The order a pass of `dl` serves, given the whole order its `get_idxs` drew: kept, and cut where the pass starts"
+    st = data_streams(dl)
+    if st is None: return idxs
+    if st.step is not None:  # the order is drawn: the first step's own draws come from its batch's stream
+        _seed_cpu(st.step_seed(BATCH_STREAM, st.step))
+        if (g := _cuda_gen(dl)) is not None: g.manual_seed(st.step_seed(BATCH_STREAM, st.step))
+    base = _base(dl)
+    if st.start and not base.indexed:
         raise ValueError(f"A pass over an iterable (not indexed) dataset cannot start at batch {st.start}: its items "
                          "come one after the other from the dataset's iterator, so the batches before would have to be "
                          "made again. Resume such a run at an epoch boundary.")
-    with _seeded(st.seed_for(SHUFFLE_STREAM)): idxs = _fastai['get_idxs'](self)
-    return _skip(idxs, st.start*(self.bs or 1))  # the whole order is drawn first: the same whatever the start
+    if not hasattr(idxs, '__len__') and base.indexed and dl.n is not None: idxs = list(idxs)  # e.g. `SortedDL`'s
+    st.served = ServedPass(dl, st.epoch, st.start, idxs if base.indexed and hasattr(idxs, '__len__') else None)
+    return _skip(idxs, st.start*(dl.bs or 1))  # the whole order is drawn first: the same whatever the start
+
+def _served_order(self):
+    try: return self.__dict__['_DataLoader__idxs']
+    except KeyError: raise AttributeError('_DataLoader__idxs') from None
+
+def _set_served_order(self, idxs): self.__dict__['_DataLoader__idxs'] = _serve(self, idxs)
+
+# fastai's `__iter__` keeps the pass's order as `self.__idxs`, which every worker's `sample` reads: the one place that
+# sees the order whichever `get_idxs` (a subclass's, one passed in, `DistributedDL`'s share) drew it
+DataLoader._DataLoader__idxs = property(_served_order, _set_served_order)
 
 # %% ../nbs/05_data.ipynb #ef7f8119
 def _pass_pos(dl, st:DataStreams, pos:int) -> int:
@@ -183,18 +219,28 @@ class _WorkerSeed(torch.Generator):
     def __reduce__(self): return (torch.Generator, ())
 
 def _stream_iter(dl, st:DataStreams):
-    "fastai's `__iter__` with its worker seed from the pass's stream and each step under its batch's stream"
+    "fastai's `__iter__`: its order under the pass's shuffle stream, its worker seed from its stream, each step its own"
     dl.fake_l.generator = _WorkerSeed().manual_seed(st.step_seed(WORKER_STREAM))
+    if _base(dl).shuffle: _reset_order(_base(dl))
     cuda_gen,batches,done = _cuda_gen(dl),_fastai['__iter__'](dl),object()
+    outer, mine = st.served, None  # a pass this one interrupts (a `one_batch` inside an epoch), and this one
     for i in itertools.count():
-        if not st.steps_draw: b = next(batches, done)  # nothing in the step draws: no stream needed
-        else:
-            st.step = st.start + i  # the batch's index in the whole pass
-            try:
-                with _seeded(st.step_seed(BATCH_STREAM, st.step), cuda_gen): b = next(batches, done)
-            finally: st.step = None
+        # the first step draws the order (`randomize`, `before_iter`, `get_idxs`) under the shuffle stream; `_serve`
+        # then seeds the step's own stream
+        st.step = st.start + i if st.steps_draw else None  # the batch's index in the whole pass
+        try:
+            if i == 0: ctx = _seeded(st.seed_for(SHUFFLE_STREAM), cuda_gen)
+            elif st.steps_draw: ctx = _seeded(st.step_seed(BATCH_STREAM, st.step), cuda_gen)
+            else: ctx = nullcontext()  # nothing in the step draws: no stream needed
+            with ctx: b = next(batches, done)
+        finally: st.step = None
+        mine = mine or st.served
         if b is done: break
-        yield b
+        mine.n += 1
+        try: yield b
+        except GeneratorExit:  # left before its end: the pass it interrupted is the one served again
+            st.served = outer
+            raise
     st.advance()  # only a completed pass moves on: `one_batch` and `show_batch` stop after the first batch
 
 @patch
@@ -267,3 +313,96 @@ def set_epoch(dls, # a `DataLoaders`, one `DataLoader`, or a list of them
     if not streams: raise ValueError("None of these DataLoaders has streams, so an epoch means nothing to them: "
                                      "call `make_deterministic(dls, seed)` first.")
     for st in streams: st.epoch, st.start = _as_epoch(epoch), int(start)
+
+# %% ../nbs/05_data.ipynb #07fc2c01
+@contextmanager
+def _left_as_is(dl):
+    "Run the body, then give `dl` (and the loader it wraps) back their attributes and the order they keep in place"
+    loaders = list(dict.fromkeys([dl, _base(dl)]))
+    attrs, holder = [dict(o.__dict__) for o in loaders], _order_holder(_base(dl))
+    kept = None if holder is None else list(holder.idxs)
+    try: yield
+    finally:
+        for o, d in zip(loaders, attrs): o.__dict__.clear(); o.__dict__.update(d)
+        if holder is not None: holder.idxs[:] = kept; holder.cache_clear()
+
+@contextmanager
+def _drawn(dl, epoch=None):
+    "Draw the whole order of a pass of `dl` as the pass draws it, from its streams, for the body; then undo the draw"
+    st = data_streams(dl)
+    if st is None: raise ValueError("This DataLoader has no streams: call `make_deterministic(dl, seed)` first.")
+    current, st.epoch = st.epoch, st.epoch if epoch is None else _as_epoch(epoch)
+    try:
+        with _left_as_is(dl), _seeded(st.seed_for(SHUFFLE_STREAM), _cuda_gen(dl)):
+            if _base(dl).shuffle: _reset_order(_base(dl))
+            dl.randomize(); dl.before_iter()
+            yield list(dl.get_idxs())
+    finally: st.epoch = current
+
+def draw_order(dl, # a deterministic DataLoader (`make_deterministic`)
+               epoch=None, # the pass coordinate; None: the next pass's
+              ) -> list:
+    "The whole order of a pass of `dl`, drawn as the pass draws it, from its streams; `dl` is left as it was"
+    with _drawn(dl, epoch) as order: return order
+
+def _digest(order, base) -> str:
+    "A digest of a pass's whole order and of the order `base` keeps in place (fastai's `LMDataLoader`)"
+    h = hashlib.sha256(np.asarray(order, dtype=np.int64).tobytes())
+    if (holder := _order_holder(base)) is not None: h.update(np.asarray(holder.idxs, dtype=np.int64).tobytes())
+    return h.hexdigest()[:16]
+
+def _n_batches(dl, n:int) -> int:
+    "The batches `dl` makes of `n` samples"
+    bs = dl.bs or 1
+    return n//bs + (0 if dl.drop_last or n % bs == 0 else 1)
+
+def _replaced(dl) -> str|None:
+    "The method of fastai's pass that `dl` replaces, so that fastrepro cannot see its order"
+    for name in ('__iter__', 'sample'):
+        if name in dl.__dict__ or getattr(type(dl), name) is not getattr(DataLoader, name):
+            return f"`{type(dl).__name__}` replaces fastai's `DataLoader.{name}`"
+
+def pass_problem(dl) -> str|None:
+    ("Why the pass `dl` serves cannot be resumed in its middle exactly, or None: a dataset that is not indexed, a "
+     "replaced `__iter__` or `sample`, an order that its streams do not make (drawn again, it differs)")
+    st, name = data_streams(dl), type(dl).__name__
+    if st is None: return f"`{name}` has no data streams (`ReproCB(deterministic_data=False)`)"
+    if not _base(dl).indexed:
+        return (f"`{name}` serves an iterable (not indexed) dataset: its items come one after the other from the "
+                "dataset's iterator, so the batches before would have to be made again")
+    if (why := _replaced(dl)) is not None: return why + ", so the rest of a pass cannot be served from its order"
+    sp = st.served
+    if sp is None or sp.loader is not dl or sp.order is None: return None  # no pass yet: nothing to draw again
+    if sp.problem is None:  # asked once per pass
+        with _drawn(dl, sp.epoch) as again: same = _digest(again, _base(dl)) == _digest(sp.order, _base(dl))
+        sp.problem = '' if same else (
+            f"the order of `{name}` is not drawn from the streams fastrepro seeds: drawn again for the same pass, "
+            "it differs (its `get_idxs`, `shuffle_fn`, `randomize` or `before_iter` draws from a generator of its "
+            "own, or from the clock). Draw it from `self.rng` or the global generators, which are seeded for every "
+            "pass")
+    return sp.problem or None
+
+def pass_position(dl) -> dict:
+    ("Where the pass `dl` serves stands, as the loader counts: the batch it serves next, its batches, a digest of its "
+     "order, and `pass_problem`")
+    sp = getattr(data_streams(dl), 'served', None)
+    if sp is None:
+        raise ValueError("This DataLoader is not serving a deterministic pass (`make_deterministic`, then iterate).")
+    whole = sp.order is not None
+    if whole and sp.digest is None: sp.digest = _digest(sp.order, _base(sp.loader))  # once per pass
+    return dict(batch=sp.start + sp.n, n_batches=_n_batches(sp.loader, len(sp.order)) if whole else None,
+                order=sp.digest, problem=pass_problem(sp.loader))
+
+def resumed_pass_differs(dl, saved:dict) -> list:
+    "How the pass `dl` serves now, resumed, differs from the interrupted pass `saved` (`pass_position`) continues"
+    sp = getattr(data_streams(dl), 'served', None)
+    if sp is None or sp.loader is not dl:
+        return [f"`{type(dl).__name__}` did not serve its pass through fastai's `DataLoader.__iter__`"]
+    now = pass_position(dl)
+    res = [] if sp.start == saved['batch'] else [
+        f"the loader started the pass at batch {sp.start}, the checkpoint was written after {saved['batch']}"]
+    if saved['n_batches'] is not None and now['n_batches'] != saved['n_batches']:
+        res.append(f"the pass has {now['n_batches']} batches, the interrupted one had {saved['n_batches']}")
+    if saved['order'] is not None and now['order'] != saved['order']:
+        res.append(f"the pass's order (digest {now['order']}) is not the interrupted pass's ({saved['order']})")
+    return res

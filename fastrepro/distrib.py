@@ -8,7 +8,7 @@ Docs: https://fastrepro.github.io/fastrepro/distrib.html.md"""
 from __future__ import annotations
 from fastai.basics import *
 from .core import *
-from .data import data_streams, _skip
+from .data import data_streams
 try: from fastai.distributed import DistributedDL
 except (ImportError, NameError): DistributedDL = None  # fastai's distributed training needs Accelerate
 
@@ -18,26 +18,18 @@ __all__ = []
 # %% ../nbs/07_distrib.ipynb #066907cd
 # fastai's own methods (`@patch` keeps them as `_orig_<name>`: importing this module twice does not wrap twice)
 _fastai_ddl = {} if DistributedDL is None else {n: vars(DistributedDL).get('_orig_'+n, vars(DistributedDL)[n])
-                                                 for n in ('get_idxs', '_broadcast', 'create_batches')}
+                                                 for n in ('_broadcast', 'create_batches')}
 
 def _inner_streams(dl):
     return data_streams(dl.dl)
 
 if DistributedDL is not None:
+    # a rank's share of a resumed pass starts where the pass starts: fastai's `__iter__` serves the share that
+    # `DistributedDL.get_idxs` cuts, and `fastrepro.data` cuts the batches done from what it serves
     @patch
     def _broadcast(self:DistributedDL, t, rank):
         "fastai's broadcast of rank 0's order (a CUDA tensor); not needed when every rank draws it from the streams"
         return t if _inner_streams(self) is not None else _fastai_ddl['_broadcast'](self, t, rank)
-
-    @patch
-    def get_idxs(self:DistributedDL):
-        "fastai's share of the pass for this rank; with streams, from the batch the pass starts at (a resume)"
-        st = _inner_streams(self)
-        if st is None: return _fastai_ddl['get_idxs'](self)
-        start, st.start = st.start, 0  # the wrapped loader draws the whole pass; the share is cut, then started
-        try: idxs = _fastai_ddl['get_idxs'](self)
-        finally: st.start = start
-        return _skip(idxs, start*(self.bs or 1))
 
     @patch
     def create_batches(self:DistributedDL, samps):

@@ -51,7 +51,8 @@ class CheckpointCB(Callback):
         store_attr()
         self.fit_number = None  # this fit's number among the script's autoresumed fits
         self.signum = None      # the preemption signal received during the fit
-        self.active, self._handlers, self._last = False, {}, 0.
+        self.deferred = False   # a checkpoint fell due inside an epoch that cannot be resumed there: due at its end
+        self.active, self._handlers, self._last, self._told = False, {}, 0., False
 
     def before_fit(self):
         self.active = in_fit(self.learn) and not in_lr_find(self.learn)
@@ -59,7 +60,7 @@ class CheckpointCB(Callback):
         if not isinstance(getattr(self.learn, 'repro_cb', None), ReproCB):
             raise ValueError("CheckpointCB needs ReproCB attached to the learner: without it a checkpoint inside "
                              "an epoch cannot be resumed exactly. Add `ReproCB()` to the learner's callbacks.")
-        self.signum, self._last = None, time.monotonic()
+        self.signum, self._last, self.deferred, self._told = None, time.monotonic(), False, False
         self._install()
 
     def after_batch(self):
@@ -67,10 +68,13 @@ class CheckpointCB(Callback):
         signalled, late = any_rank(self.signum is not None, self._late())  # in a distributed run, the ranks agree
         if signalled: self._preempted()
         elif self.training and (late or (self.every_iters and self.learn.train_iter % self.every_iters == 0)):
-            self.save()
+            if self._inside_problem() is None: self.save()
+            else: self.deferred = True
 
     def after_epoch(self):
-        if self.active and any_rank(self.signum is not None)[0]: self._preempted()  # came after the epoch's last batch
+        if not self.active: return
+        if self.deferred: self.deferred = False; self.save()  # the epoch boundary after a checkpoint fell due
+        if any_rank(self.signum is not None)[0]: self._preempted()  # came after the epoch's last batch
 
     def after_fit(self):
         if not self.active: return
@@ -146,16 +150,41 @@ class CheckpointCB(Callback):
         "Is a checkpoint due by the clock? (rank 0's: the ranks' clocks differ)"
         return self.every_secs is not None and rank_distrib() == 0 and time.monotonic() - self._last >= self.every_secs
 
+    def _inside_problem(self) -> str|None:
+        "Why a checkpoint written now could not be resumed exactly (the ranks agree); said once per fit"
+        why = self.learn.repro_cb.inside_problem()
+        if not any_rank(why is not None)[0]: return None
+        why = why or "another rank's training loader cannot resume its pass in its middle"
+        if not self._told:
+            self._told = True
+            warnings.warn(f"CheckpointCB writes no checkpoint inside an epoch in this fit: {why}. A checkpoint that "
+                          "falls due inside an epoch is written at the epoch's end instead.")
+        return why
+
     def _preempted(self):
-        "Write a checkpoint and end the process with the status of the signal received"
-        self.save()
+        "Write a checkpoint (none inside an epoch that cannot resume there); end the process with the signal's status"
         signum = self.signum or signal.SIGTERM  # a rank that did not receive the signal ends as the one that did
-        name, pos = signal.Signals(signum).name, self.learn.repro_cb.position
+        name, pos, status = signal.Signals(signum).name, self.learn.repro_cb.position, SIGNAL_EXIT_BASE + signum
         where = (f"epoch {pos.epoch}, after {pos.batch} of {len(self.dls.train)} batches" if pos.batch
                  else f"before epoch {pos.epoch}")
+        why = self._inside_problem()
+        if why is not None:
+            _tell(f"fastrepro: {name}: no checkpoint written at {where}: {why}. {self._newest()} Exiting with status "
+                  f"{status}.", file=sys.stderr, flush=True)
+            raise SystemExit(status)
+        self.save()
         _tell(f"fastrepro: {name}: checkpoint written at {where} to {self.path}; exiting with status "
-              f"{SIGNAL_EXIT_BASE + signum}. Run the script again to continue.", file=sys.stderr, flush=True)
-        raise SystemExit(SIGNAL_EXIT_BASE + signum)
+              f"{status}. Run the script again to continue.", file=sys.stderr, flush=True)
+        raise SystemExit(status)
+
+    def _newest(self) -> str:
+        "Which checkpoint a rerun continues from"
+        if not self.path.exists(): return "There is no checkpoint of this fit: a rerun starts it over."
+        info = checkpoint_info(self.path)
+        if info.get('fit_number') != self.fit_number and self.autoresume:
+            return "There is no checkpoint of this fit: a rerun starts it over."
+        return (f"The newest usable checkpoint is {self.path} (epoch {info['start_epoch']}, after {info['batch']} "
+                "batches): run the script again to continue from it.")
 
     def _install(self):
         if threading.current_thread() is not threading.main_thread():

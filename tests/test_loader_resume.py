@@ -1,0 +1,81 @@
+"""Every DataLoader type fastai ships resumes exactly inside an epoch: for each, a run sent SIGTERM after batch 6 of
+epoch 2 (CheckpointCB writes its checkpoint and exits with status 143) and run again in a fresh process (`autoresume`)
+ends bit-identical to the uninterrupted run: the sha256 of every parameter and buffer and of the optimizer state, every
+per-batch loss, the Recorder's values (losses and metrics per epoch), the iteration count. Each type also serves rank
+1's share of a two-process run through fastai's `DistributedDL`, and two of them train in real two-process runs
+(`torchrun`, `distrib_ctx`, gloo on CPUs). The language-model (`LMDataLoader`) and text classifier
+(`SortedDL`) loaders are resumed the same way in tests/test_preempt.py."""
+import os, sys, socket, subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+import pytest, torch
+import fastrepro
+from fastrepro.portable import DETERMINISTIC_ENV
+from fastrepro.rng import same_kernels_env
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+from loader_jobs import LEARNERS, SIGTERM_STATUS  # noqa: E402
+
+# every kind in the middle of an epoch, alone and as a rank's share; two after an epoch's last batch; two under torchrun
+CASES = ([(kind, share, 'middle') for share in (0, 1) for kind in LEARNERS]
+         + [('tabular', 0, 'last'), ('partial', 1, 'last'), ('tabular', 'ddp', 'middle'), ('partial', 'ddp', 'last')])
+TIMEOUT_S = 300
+
+
+def _free_port() -> int:
+    with socket.socket() as s: s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
+
+
+def stage(kind, share, where, out, name) -> subprocess.CompletedProcess:
+    "One stage of a case in fresh processes (two under torchrun), with this process's CPU kernels"
+    env = {**DETERMINISTIC_ENV, **os.environ, **same_kernels_env(), 'ACCELERATE_USE_CPU': '1'}
+    env['PYTHONPATH'] = os.pathsep.join([str(Path(fastrepro.__file__).resolve().parents[1]), env.get('PYTHONPATH', '')])
+    launch = [sys.executable] + (['-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_addr',
+                                  '127.0.0.1', '--master_port', str(_free_port())] if share == 'ddp' else [])
+    return subprocess.run(launch + [str(HERE/'loader_jobs.py'), kind, str(share), where, str(out), name], env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+def stop_and_resume(case, root) -> dict:
+    "Run the stopped and the resumed stage of `case`; what they said and recorded"
+    out = root/'-'.join(map(str, case))
+    out.mkdir()
+    stopped = stage(*case, out, 'stop')
+    ddp = case[1] == 'ddp'  # torchrun ends with 1 when its processes end otherwise than with 0
+    resumed = stage(*case, out, 'resume') if stopped.returncode == (1 if ddp else SIGTERM_STATUS) else None
+    load = lambda n: torch.load(out/f'{n}.pt', weights_only=True) if (out/f'{n}.pt').exists() else None
+    ranks = ['-rank0', '-rank1'] if ddp else ['']
+    return dict(stopped=stopped, resumed=resumed, at=load('stopped'), runs=[
+        dict(ref=load('ref' + r), res=load('resumed' + r), unstopped=load('unstopped' + r)) for r in ranks])
+
+
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory):
+    "Every case, two at a time (each process trains in one thread)"
+    root = tmp_path_factory.mktemp('loaders')
+    with ThreadPoolExecutor(2) as pool: return dict(zip(CASES, pool.map(lambda c: stop_and_resume(c, root), CASES)))
+
+
+def said(p): return f"exit code {p.returncode}: {(p.stderr or p.stdout)[-2000:]}"
+
+
+@pytest.mark.parametrize('case', CASES, ids=['-'.join(map(str, c)).replace('-0-', '-') for c in CASES])
+def test_resumes_inside_an_epoch(runs, case):
+    r, where = runs[case], case[2]
+    assert r['at'] is not None and all(o['unstopped'] is None for o in r['runs']), said(r['stopped'])
+    at = r['at']
+    assert at['start_epoch'] == 2 and 0 < at['batch'] <= at['n_batches'], at
+    assert (at['batch'] == at['n_batches']) == (where == 'last'), at
+    assert f"checkpoint written at epoch 2, after {at['batch']} of" in r['stopped'].stderr, r['stopped'].stderr[-2000:]
+    assert r['resumed'].returncode == 0, said(r['resumed'])
+    assert f"continues where an earlier run stopped it: epoch 2, after {at['batch']} batch(es)" in r['resumed'].stdout
+    for rank, o in enumerate(r['runs']):
+        ref, res = o['ref'], o['res']
+        assert ref['digest'] == res['digest'], f"rank {rank}: the weights differ"
+        assert ref['opt'] == res['opt'], f"rank {rank}: the optimizer states differ"
+        assert torch.equal(ref['iter'], res['iter']) and torch.equal(ref['loss'], res['loss']), \
+            f"rank {rank}: the per-batch losses differ"
+        assert ref['values'] == res['values'], (rank, ref['values'], res['values'])
+        assert ref['train_iter'] == res['train_iter'] == len(ref['loss'])
+    if len(r['runs']) == 2: assert not torch.equal(r['runs'][0]['ref']['loss'], r['runs'][1]['ref']['loss'])
