@@ -446,7 +446,7 @@ class ReproCB(Callback):
                     hypers=[{k: float(v) for k, v in h.items() if isinstance(v, (int, float, np.number))}
                             for h in self.opt.hypers],
                     # the training pass as its loader counts it: the resume checks that it serves that pass's rest
-                    **{'pass': pass_position(self.dls.train) if self.deterministic_data else None})
+                    **{'pass': pass_position(self.dls.train) if self.deterministic_data and self.active else None})
 
     def _resume_inside(self):
         "Restore, at the first batch of a resume inside an epoch, what fastai's `before_train` events reset"
