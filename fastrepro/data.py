@@ -258,28 +258,38 @@ def _tfms(dl, pipelines=_PIPELINES) -> list:
     return tfms + [f for tl in getattr(getattr(dl, 'dataset', None), 'tls', [])
                      for f in getattr(getattr(tl, 'tfms', None), 'fs', [])]
 
-def items_draw(dl) -> bool:
-    "Can `dl`'s items draw random numbers? False only for fastai's text loaders without a `RandTransform` per item"
+def _drawless_loaders() -> tuple:
+    "fastai's loaders that make their items their own way and draw nothing doing it (their transforms aside)"
     from fastai.text.data import LMDataLoader, SortedDL
+    from fastai.tabular.core import TabDataLoader, TabWeightedDL
+    return LMDataLoader, SortedDL, TabDataLoader, TabWeightedDL
+
+def _as_shipped(dl) -> bool:
+    "Is `dl` exactly one of `_drawless_loaders`, with none of its methods passed in? (a subclass may draw its own way)"
+    return type(dl) in _drawless_loaders() and not any(m in dl.__dict__ for m in DataLoader._methods
+                                                        if m not in _PIPELINES)
+
+def items_draw(dl) -> bool:
+    ("Can `dl`'s items draw random numbers? False only for fastai's text loaders without a `RandTransform` per item, "
+     "and its tabular loaders, which make no items (a batch is rows of the table)")
     from fastai.vision.augment import RandTransform
-    if not isinstance(dl, (LMDataLoader, SortedDL)): return True
+    if not _as_shipped(dl): return True
     return any(isinstance(f, RandTransform) for f in _tfms(dl, ('after_item',)))
 
 def _drawless_tfms() -> tuple:
     ("fastai's transforms whose `encodes` draw no random numbers "
-     "(the ones its text and tabular-style loaders are made of)")
+     "(the ones its text and tabular loaders are made of)")
     from fastai.data.transforms import ToTensor, ColReader, Categorize, MultiCategorize, RegressionSetup
     from fastai.text.core import Tokenizer
     from fastai.text.data import Numericalize, Pad_Chunk, Pad_Input
+    from fastai.tabular.core import ReadTabBatch
     return (ToTensor, ColReader, Categorize, MultiCategorize, RegressionSetup, Tokenizer, Numericalize, Pad_Chunk,
-            Pad_Input)
+            Pad_Input, ReadTabBatch)
 
 def steps_draw(dl) -> bool:
     ("Can a step of `dl` (making a batch, `after_batch`) draw random numbers? "
-     "False only for a fastai text loader made of `_drawless_tfms`")
-    from fastai.text.data import LMDataLoader, SortedDL
-    if type(dl) not in (LMDataLoader, SortedDL): return True  # a subclass may make its items its own way
-    if any(m in dl.__dict__ for m in DataLoader._methods if m not in _PIPELINES): return True  # a method passed in
+     "False only for fastai's text and tabular loaders made of `_drawless_tfms`")
+    if not _as_shipped(dl): return True
     drawless = _drawless_tfms()
     return not all(type(f) in drawless for f in _tfms(dl))
 
