@@ -341,6 +341,7 @@ def _drawn(dl, epoch=None):
     "Draw the whole order of a pass of `dl` as the pass draws it, from its streams, for the body; then undo the draw"
     st = data_streams(dl)
     if st is None: raise ValueError("This DataLoader has no streams: call `make_deterministic(dl, seed)` first.")
+    if _base(dl).n is None: raise ValueError("This DataLoader's passes have no length: their order has no end.")
     current, st.epoch = st.epoch, st.epoch if epoch is None else _as_epoch(epoch)
     try:
         with _left_as_is(dl), _seeded(st.seed_for(SHUFFLE_STREAM), _cuda_gen(dl)):
@@ -360,6 +361,11 @@ def _digest(order, base) -> str:
     h = hashlib.sha256(np.asarray(order, dtype=np.int64).tobytes())
     if (holder := _order_holder(base)) is not None: h.update(np.asarray(holder.idxs, dtype=np.int64).tobytes())
     return h.hexdigest()[:16]
+
+def _order_digest(sp:ServedPass) -> str:
+    "The digest of the served pass `sp`'s order, computed once per pass"
+    if sp.digest is None: sp.digest = _digest(sp.order, _base(sp.loader))
+    return sp.digest
 
 def _n_batches(dl, n:int) -> int:
     "The batches `dl` makes of `n` samples"
@@ -384,7 +390,7 @@ def pass_problem(dl) -> str|None:
     sp = st.served
     if sp is None or sp.loader is not dl or sp.order is None: return None  # no pass yet: nothing to draw again
     if sp.problem is None:  # asked once per pass
-        with _drawn(dl, sp.epoch) as again: same = _digest(again, _base(dl)) == _digest(sp.order, _base(dl))
+        with _drawn(dl, sp.epoch) as again: same = _digest(again, _base(dl)) == _order_digest(sp)
         sp.problem = '' if same else (
             f"the order of `{name}` is not drawn from the streams fastrepro seeds: drawn again for the same pass, "
             "it differs (its `get_idxs`, `shuffle_fn`, `randomize` or `before_iter` draws from a generator of its "
@@ -399,20 +405,20 @@ def pass_position(dl) -> dict:
     if sp is None:
         raise ValueError("This DataLoader is not serving a deterministic pass (`make_deterministic`, then iterate).")
     whole = sp.order is not None
-    if whole and sp.digest is None: sp.digest = _digest(sp.order, _base(sp.loader))  # once per pass
     return dict(batch=sp.start + sp.n, n_batches=_n_batches(sp.loader, len(sp.order)) if whole else None,
-                order=sp.digest, problem=pass_problem(sp.loader))
+                order=_order_digest(sp) if whole else None, problem=pass_problem(sp.loader))
 
 def resumed_pass_differs(dl, saved:dict) -> list:
     "How the pass `dl` serves now, resumed, differs from the interrupted pass `saved` (`pass_position`) continues"
     sp = getattr(data_streams(dl), 'served', None)
     if sp is None or sp.loader is not dl:
         return [f"`{type(dl).__name__}` did not serve its pass through fastai's `DataLoader.__iter__`"]
-    now = pass_position(dl)
     res = [] if sp.start == saved['batch'] else [
         f"the loader started the pass at batch {sp.start}, the checkpoint was written after {saved['batch']}"]
-    if saved['n_batches'] is not None and now['n_batches'] != saved['n_batches']:
-        res.append(f"the pass has {now['n_batches']} batches, the interrupted one had {saved['n_batches']}")
-    if saved['order'] is not None and now['order'] != saved['order']:
-        res.append(f"the pass's order (digest {now['order']}) is not the interrupted pass's ({saved['order']})")
+    if sp.order is None: return res  # an unsized pass: nothing more to compare
+    n = _n_batches(dl, len(sp.order))
+    if saved['n_batches'] is not None and n != saved['n_batches']:
+        res.append(f"the pass has {n} batches, the interrupted one had {saved['n_batches']}")
+    if saved['order'] is not None and _order_digest(sp) != saved['order']:
+        res.append(f"the pass's order (digest {_order_digest(sp)}) is not the interrupted pass's ({saved['order']})")
     return res
