@@ -464,7 +464,8 @@ class ReproCB(Callback):
         batch = self.resume_batch
         differs = [] if saved is None or saved['batch'] == batch else [
             f"the checkpoint's position is after batch {batch}, its loader had served {saved['batch']} batches"]
-        differs += resumed_pass_differs(self.dl, saved or dict(batch=batch, n_batches=None, order=None))
+        # the loader is held to where this fit starts the pass; the record, to where its position says
+        differs += resumed_pass_differs(self.dl, {**(saved or dict(n_batches=None, order=None)), 'batch': batch})
         if differs: raise ResumeError("The resumed fit does not continue the interrupted pass: " + '; '.join(differs)
                                       + ". It stops before training on it. Resume with the DataLoaders, batch size "
                                       "and data of the run that wrote the checkpoint, from an unmodified checkpoint.")
