@@ -15,10 +15,10 @@ WARMUP = 1          # untimed rounds before the timed ones
 # timed rounds of a full run (the issue asks for at least 5): tiny models, so many rounds are affordable
 FULL_REPS = 10
 QUICK_REPS = 2      # timed rounds of a --quick smoke run (not enough to judge a target)
-FULL_PROFILE = 'test'  # fastrepro.ulmfit profile of the full run's text models: the tiny ULMFiT of the issue
+FULL_PROFILE = 'test'  # fastrepro.demo.ulmfit profile of the full run's text models: the tiny ULMFiT of the issue
 # a larger one, where a full run also measures epochs (fewer rounds), data loading and checkpoints
 LARGER_PROFILE = 'fast'
-QUICK_PROFILE = 'smoke' # --quick's: smaller than fastrepro.ulmfit's 'test', so the smoke run stays short
+QUICK_PROFILE = 'smoke' # --quick's: smaller than fastrepro.demo.ulmfit's 'test', so the smoke run stays short
 SMOKE = dict(name='smoke', n_texts=48, max_chars=300, lm_bs=8, seq_len=16, clas_bs=8, emb_sz=16, n_hid=32, n_layers=2,
               lm_epochs=1, clas_epochs=1)
 
@@ -35,7 +35,7 @@ class Config:
 
     @property
     def prof(self):
-        "The `fastrepro.ulmfit.Profile` named `profile`"
+        "The `fastrepro.demo.ulmfit.Profile` named `profile`"
         return profile(self.profile)
 
     @property
@@ -53,8 +53,8 @@ class Config:
 
 
 def profile(name:str):
-    "The `fastrepro.ulmfit.Profile` called `name`, or the benchmarks' own 'smoke'"
-    from fastrepro.ulmfit import Profile, get_profile
+    "The `fastrepro.demo.ulmfit.Profile` called `name`, or the benchmarks' own 'smoke'"
+    from fastrepro.demo.ulmfit import Profile, get_profile
     return Profile(**SMOKE) if name == 'smoke' else get_profile(name)
 
 
@@ -101,14 +101,14 @@ def setup(threads:int=BENCH_THREADS):
     try: torch.set_num_interop_threads(1)
     except RuntimeError: pass  # already set, or parallel work already started
     warnings.filterwarnings('ignore')
-    from fastrepro.ulmfit import install_imdb_sample
+    from fastrepro.demo.ulmfit import install_imdb_sample
     install_imdb_sample(SHARED_CSV if SHARED_CSV.exists() else None)
 
 
 @functools.lru_cache(maxsize=None)
 def text_data(profile):
     "(LM DataLoaders, classifier DataLoaders) of the IMDB sample for `profile` (a `Profile`), built once per process"
-    from fastrepro.ulmfit import imdb_sample_df, lm_dls, clas_dls
+    from fastrepro.demo.ulmfit import imdb_sample_df, lm_dls, clas_dls
     try: import spacy; kw = {}  # noqa: F401  (fastai's default tokenizer)
     except ImportError:
         from fastai.text.core import BaseTokenizer

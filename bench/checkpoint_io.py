@@ -45,13 +45,13 @@ def _size_row(task, path, files, plain, repro, cb, cfg) -> Row:
     Called after the saves and before any load \
 (a loaded checkpoint's state is what `repro` saves until it fits again)"""
     size = {s: os.path.getsize(path/'models'/f'{files[s]}.pth') for s in files}
-    patch = cb.prov['patch']  # the dirty tree's patch, which every checkpoint of the fit records
-    cb.prov['patch'] = None     # the rest measured as for a clean tree
+    patch = cb.provenance.prov['patch']  # the dirty tree's patch, which every checkpoint of the fit records
+    cb.provenance.prov['patch'] = None     # the rest measured as for a clean tree
     try:
         clean = os.path.getsize(repro.save(files['fastrepro'] + '_clean')) if patch else size['fastrepro']
         empty = _state_bytes({})
         parts = sorted(((k, (_state_bytes(v) - empty)/1024) for k, v in cb.state_dict().items()), key=lambda o: -o[1])
-    finally: cb.prov['patch'] = patch
+    finally: cb.provenance.prov['patch'] = patch
     (path/'models'/f"{files['fastrepro']}_clean.pth").unlink(missing_ok=True)
     patch_kb, clean_kb = (size['fastrepro'] - clean)/1024, (clean - size['fastai'])/1024
     return Row('3 checkpoint', f'{task}, file size', 'KB', size['fastrepro']/1024, size['fastai']/1024,
@@ -65,10 +65,10 @@ def _size_row(task, path, files, plain, repro, cb, cfg) -> Row:
 
 def run(cfg:Config) -> list:
     from fastrepro.callback import ReproCB
-    from fastrepro.ulmfit import lm_learner, clas_learner
+    from fastrepro.demo.ulmfit import lm_learner, clas_learner
     lm, clas = text_data(cfg.larger)
     from fastai.callback.training import ShortEpochCallback
-    from fastrepro.ulmfit import PROFILES
+    from fastrepro.demo.ulmfit import PROFILES
     rows = []
     path = cfg.out/'checkpoints'
     cases = [('LM', lambda cbs: lm_learner(lm, cfg.larger, path=path, cbs=cbs), 5 if cfg.quick else 15),

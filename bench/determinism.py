@@ -12,8 +12,9 @@ from ._common import *
 
 def run(cfg:Config) -> list:
     import torch
-    from fastrepro.rng import seed_everything, deterministic_switches, set_switches
-    from fastrepro.ulmfit import lm_learner, clas_learner
+    from fastrepro.rng import seed_everything
+    from fastrepro.kernels import deterministic_switches, set_switches
+    from fastrepro.demo.ulmfit import lm_learner, clas_learner
     lm, clas = text_data(cfg.prof)
     rows = []
     for task, mk, dls in [('LM', lm_learner, lm), ('classifier', clas_learner, clas)]:

@@ -27,7 +27,7 @@ def measure(cfg:Config, prof, reps:int, cb_kwargs:dict|None=None, name='1 epoch'
     """Interleaved one-epoch fits of plain fastai and ReproCB learners; `control` adds a second plain fastai learner
     (an A/A comparison: the noise floor of this machine for the same rounds)"""
     from fastrepro.callback import ReproCB
-    from fastrepro.ulmfit import lm_learner, clas_learner
+    from fastrepro.demo.ulmfit import lm_learner, clas_learner
     lm, clas = text_data(prof)
     rows = []
     for task, mk, dls in [('LM', lm_learner, lm), ('classifier', clas_learner, clas)]:

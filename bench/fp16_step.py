@@ -55,8 +55,8 @@ def _mlp_learner(n, cbs):
 
 def run(cfg:Config) -> list:
     from fastrepro.fp16 import ReproMixedPrecision
-    from fastrepro.ulmfit import clas_learner
-    from fastrepro.ulmfit import get_profile
+    from fastrepro.demo.ulmfit import clas_learner
+    from fastrepro.demo.ulmfit import get_profile
     prof = cfg.prof if cfg.quick else get_profile(LSTM_PROFILE)  # CPU float16 LSTMs are slow: the small profile
     _, clas = text_data(prof)
     n = MLP_N // 4 if cfg.quick else MLP_N

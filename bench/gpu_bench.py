@@ -38,7 +38,7 @@ def parse_args(argv=None):
     p.add_argument('--out', default=str(ROOT/'bench'), help='folder for GPU_RESULTS.md and gpu_results.json')
     p.add_argument('--reps', type=int, default=5, help='timed rounds per comparison (after one warm-up round)')
     p.add_argument('--profile', default=None,
-                   help="fastrepro.ulmfit profile (default: 'full' with reviews cut to GPU_MAX_CHARS on "
+                   help="fastrepro.demo.ulmfit profile (default: 'full' with reviews cut to GPU_MAX_CHARS on "
                    "CUDA, a tiny one with --cpu)")
     p.add_argument('--budget-s', type=float, default=BUDGET_S,
                    help='skip comparisons that would start after this many seconds')
@@ -68,13 +68,14 @@ def main(argv=None) -> int:
         return 0
     only = [o.strip() for o in a.only.split(',') if o.strip()] or list(COMPARISONS)
     warnings.filterwarnings('ignore')
-    from fastrepro.rng import seed_everything, deterministic_switches, set_switches
+    from fastrepro.rng import seed_everything
+    from fastrepro.kernels import deterministic_switches, set_switches
     seed_everything(SEED, deterministic=False)  # sets CUBLAS_WORKSPACE_CONFIG before any CUDA work
     import pandas as pd
     from fastai.callback.fp16 import MixedPrecision
     from fastrepro.callback import ReproCB
     from fastrepro.fp16 import ReproMixedPrecision
-    from fastrepro.ulmfit import (install_imdb_sample, imdb_sample_path, subsample, lm_dls, clas_dls, lm_learner,
+    from fastrepro.demo.ulmfit import (install_imdb_sample, imdb_sample_path, subsample, lm_dls, clas_dls, lm_learner,
                                   clas_learner)
     cuda = torch.cuda.is_available() and not a.cpu
     device = 'cuda' if cuda else 'cpu'

@@ -3,9 +3,10 @@
 Made for one call on a machine with an NVIDIA GPU (`python -m bench.gpu_check`); each check prints a PASS/FAIL line:
 
   1. fp16 ULMFiT classifier (`to_repro_fp16()`, AWD-LSTM, not pretrained, IMDB sample), each run in its own process
-     through the project's kill-and-resume harness `fastrepro.jobs`: A straight, B straight again, C cancelled after
-     epoch `STOP_EPOCH` (0-based) and resumed in a fresh process. Every parameter and buffer (sha256), per-batch loss,
-     metric and loss-scale row must equal A's (`same_run`); it prints the overflows (skipped steps) and final scale.
+     through the project's kill-and-resume harness `fastrepro.demo.jobs`: A straight, B straight again, C cancelled
+     after epoch `STOP_EPOCH` (0-based) and resumed in a fresh process. Every parameter and buffer (sha256), per-batch
+     loss, metric and loss-scale row must equal A's (`same_run`); it prints the overflows (skipped steps) and final
+     scale.
   2. The same stopped inside an epoch: D is sent SIGTERM in the middle of epoch 1 (harness mode 'preempt',
      `CheckpointCB` writes its checkpoint and the process exits with 143), then resumed in a fresh process.
   3. cuDNN RNN dropout (CUDA only): `audit_model` refuses a plain `nn.LSTM(dropout=...)`, accepts it with
@@ -15,7 +16,7 @@ Made for one call on a machine with an NVIDIA GPU (`python -m bench.gpu_check`);
      gets it from `seed_everything` before CUDA initialises, and cuBLAS then runs under deterministic algorithms.
   5. Cost: not measured here; it prints the `bench.gpu_bench` command that measures it.
 
-Tokenization: `fastrepro.ulmfit` uses fastai's default word tokenizer, spaCy, which the device machine lacks; this
+Tokenization: `fastrepro.demo.ulmfit` uses fastai's default word tokenizer, spaCy, which the device machine lacks; this
 script makes fastai's `BaseTokenizer` (split on spaces) the word tokenizer here and in every job process (through a
 `sitecustomize` on the job processes' path), on every machine, and says so. Another vocabulary, the same computation.
 
@@ -32,7 +33,7 @@ EVERY_ITERS = 3       # `CheckpointCB`'s interval in the mid-epoch run
 SIGTERM_STATUS = 128 + signal.SIGTERM
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: its fastrepro first on the probe processes' path
 BENCH_CMD = 'python -m bench.gpu_bench --profile full --reps 5'
-TOKENIZER = ("fastai BaseTokenizer (split on spaces), here and in every job process: fastrepro.ulmfit tokenizes "
+TOKENIZER = ("fastai BaseTokenizer (split on spaces), here and in every job process: fastrepro.demo.ulmfit tokenizes "
              "with fastai's default, spaCy, which the device machine does not have")
 
 # Put on the job processes' path: fastai.text.core's `WordTokenizer` becomes `BaseTokenizer` when it is imported
@@ -59,7 +60,7 @@ sys.meta_path.insert(0, _BaseTokenizerPatch())
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--epochs', type=int, default=3, help='epochs of the classifier fit (> STOP_EPOCH+1)')
-    p.add_argument('--profile', default='fast', help="fastrepro.ulmfit profile: 'test', 'fast' or 'full'")
+    p.add_argument('--profile', default='fast', help="fastrepro.demo.ulmfit profile: 'test', 'fast' or 'full'")
     p.add_argument('--seed', type=int, default=42, help='run seed')
     p.add_argument('--csv', default=None,
                    help="a copy of fastai's imdb_sample/texts.csv, used when the sample is not installed")
@@ -79,7 +80,7 @@ def use_base_tokenizer(folder:Path) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     (folder/'sitecustomize.py').write_text(SITECUSTOMIZE)
     os.environ['PYTHONPATH'] = os.pathsep.join([str(folder)] + [p for p in [os.environ.get('PYTHONPATH')] if p])
-    code = 'from fastrepro.jobs import *; import fastai.text.core as c; print(c.WordTokenizer.__name__)'
+    code = 'from fastrepro.demo.jobs import *; import fastai.text.core as c; print(c.WordTokenizer.__name__)'
     p = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=300)
     return (p.stdout.strip().splitlines() or ['(failed: ' + p.stderr[-300:] + ')'])[-1]
 
@@ -100,10 +101,10 @@ def compare(ref, rec) -> tuple:
 
 def harness_checks(args, prof, df, out:Path, env:dict) -> list:
     "Checks 1 and 2: fp16 classifier jobs, each stage a fresh process"
-    from fastrepro.jobs import Job, job_process, job_error
+    from fastrepro.demo.jobs import Job, job_process, job_error
     from fastrepro.trace import RunRecord
     from fastrepro.checkpoint import checkpoint_info
-    from fastrepro.ulmfit import Stage, lm_dls
+    from fastrepro.demo.ulmfit import Stage, lm_dls
     t0 = time.time()
 
     def run(spec, mode, status=0, **kwargs):
@@ -223,7 +224,7 @@ def switches_check(seed:int, device:str='cuda') -> bool:
     "Check 4: an op without a deterministic CUDA kernel raises (or warns); CUBLAS_WORKSPACE_CONFIG before CUDA"
     import torch
     from torch import nn
-    from fastrepro.rng import set_deterministic
+    from fastrepro.kernels import set_deterministic
 
     def step():
         torch.manual_seed(seed)
@@ -272,7 +273,7 @@ def main():
     from fastrepro.rng import seed_everything
     seed_everything(args.seed)  # before any CUDA work: it also sets CUBLAS_WORKSPACE_CONFIG
     import pandas as pd
-    from fastrepro.ulmfit import install_imdb_sample, imdb_sample_path, get_profile, subsample
+    from fastrepro.demo.ulmfit import install_imdb_sample, imdb_sample_path, get_profile, subsample
     out = Path(args.out or tempfile.mkdtemp(prefix='gpu_check'))
     child_tok = use_base_tokenizer(out/'site')
     install_imdb_sample(args.csv) if args.csv else install_imdb_sample()

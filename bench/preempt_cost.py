@@ -40,7 +40,7 @@ def overhead(cfg:Config) -> list:
     "Epoch times of plain fastai, ReproCB alone (twice: the A/A control), ReproCB with a CheckpointCB that never saves"
     from fastrepro.callback import ReproCB
     from fastrepro.preempt import CheckpointCB
-    from fastrepro.ulmfit import lm_learner
+    from fastrepro.demo.ulmfit import lm_learner
     lm, _ = text_data(cfg.prof)
     repro = lambda: ReproCB(seed=SEED, allow_dirty=True)
     extra = {'fastai': lambda: [], 'ReproCB': lambda: [repro()], 'ReproCB twin': lambda: [repro()],
@@ -70,7 +70,7 @@ def own_events(cfg:Config, lm, epoch_s:float) -> Row:
     "The time CheckpointCB's own events (not saving) take in one-epoch fits, per training iteration and in all"
     from fastrepro.callback import ReproCB
     from fastrepro.preempt import CheckpointCB
-    from fastrepro.ulmfit import lm_learner
+    from fastrepro.demo.ulmfit import lm_learner
     class ClockedCheckpointCB(CheckpointCB):
         "CheckpointCB that adds up the time its events take"
         def _clocked(self, event):
@@ -120,7 +120,7 @@ def _first_batch_clock():
 def resume_latency(cfg:Config) -> list:
     "Load and fit to the first trained batch, from checkpoints written at POSITIONS of an epoch; a fresh fit for scale"
     from fastrepro.callback import ReproCB
-    from fastrepro.ulmfit import lm_learner
+    from fastrepro.demo.ulmfit import lm_learner
     prof = dataclasses.replace(cfg.prof, name=f'{cfg.prof.name}, lm_bs={RESUME_BS}', lm_bs=RESUME_BS)
     lm, _ = text_data(prof)
     n_iter, path = len(lm.train), cfg.out/'preempt'
@@ -166,7 +166,7 @@ def periodic_save(cfg:Config) -> list:
     from fastai.callback.core import Callback
     from fastrepro.callback import ReproCB
     from fastrepro.preempt import CheckpointCB
-    from fastrepro.ulmfit import lm_learner
+    from fastrepro.demo.ulmfit import lm_learner
     lm, _ = text_data(cfg.larger)
     n_iter = len(lm.train)
     every = max(2, n_iter // (cfg.reps + cfg.warmup + 1))

@@ -27,7 +27,7 @@ def say(*a):
 def section_epoch(cfg):
     import torch
     from fastrepro.callback import ReproCB
-    from fastrepro.ulmfit import lm_learner, clas_learner
+    from fastrepro.demo.ulmfit import lm_learner, clas_learner
     prof = profile('test')
     lm, clas = text_data(prof)
     variants = {'fastai (no ReproCB)': None, 'ReproCB defaults': {}, 'deterministic=False': dict(deterministic=False),
@@ -60,8 +60,8 @@ def section_epoch(cfg):
 
 def section_step(cfg):
     import torch
-    from fastrepro.rng import set_deterministic, set_switches
-    from fastrepro.ulmfit import lm_learner, clas_learner
+    from fastrepro.kernels import set_deterministic, set_switches
+    from fastrepro.demo.ulmfit import lm_learner, clas_learner
     lm, clas = text_data(cfg.prof)
     say('\n## step: one training step, CPU time, deterministic switches off / on / on without the NaN fill')
     for task, mk, dls in [('LM', lm_learner, lm), ('classifier', clas_learner, clas)]:
@@ -113,7 +113,7 @@ def section_data(cfg):
 
 def section_setup(cfg):
     from fastrepro.callback import ReproCB
-    from fastrepro.ulmfit import clas_learner
+    from fastrepro.demo.ulmfit import clas_learner
     _, clas = text_data(cfg.prof)
     learn = clas_learner(clas, cfg.prof, cbs=ReproCB(seed=SEED, allow_dirty=True))
     quiet_fit(learn)
@@ -137,7 +137,7 @@ def section_checkpoint(cfg):
     import torch
     import fastrepro.checkpoint as ck
     from fastrepro.callback import ReproCB
-    from fastrepro.ulmfit import clas_learner
+    from fastrepro.demo.ulmfit import clas_learner
     _, clas = text_data(cfg.prof)
     path = Path(tempfile.mkdtemp(prefix='bench_ck'))
     repro = clas_learner(clas, cfg.prof, path=path, cbs=ReproCB(seed=SEED, allow_dirty=True)); quiet_fit(repro)
@@ -168,7 +168,7 @@ def section_checkpoint(cfg):
         'fastai save': lambda: plain.save('p'), 'fastrepro save': lambda: repro.save('r'),
         'checkpoint_state(learn) alone': lambda: ck.checkpoint_state(repro),
         '  of which the trace state_dict': lambda: repro.repro_cb.trace.state_dict(),
-        '  of which rng_states(dls)': lambda: __import__('fastrepro.rng', fromlist=['x']).rng_states(repro.dls),
+        '  of which rng_states()': lambda: __import__('fastrepro.rng', fromlist=['x']).rng_states(),
         'fastai: torch.save to memory': lambda: to_bytes(plain, False),
         'fastrepro: checkpoint_state + torch.save to memory': lambda: to_bytes(repro, True),
         'fastai load': lambda: plain.load('p'), 'fastrepro load': lambda: repro.load('r'),
@@ -210,7 +210,7 @@ def section_spy(cfg):
     if spy is None: say('\n## spy: py-spy is not installed (pip install py-spy); skipped'); return
     raw = Path(tempfile.mkdtemp(prefix='bench_spy'))/'raw.txt'
     code = ("from bench._common import *; setup(1)\n"  # run in ROOT: `python -c` puts it first on the module path
-            f"from fastrepro.callback import ReproCB; from fastrepro.ulmfit import lm_learner, get_profile\n"
+            f"from fastrepro.callback import ReproCB; from fastrepro.demo.ulmfit import lm_learner, get_profile\n"
             f"p = get_profile({cfg.profile!r}); lm, _ = text_data(p)\n"
             f"l = lm_learner(lm, p, cbs=ReproCB(seed=1, allow_dirty=True)); quiet_fit(l); quiet_fit(l, 2)\n")
     subprocess.run([spy, 'record', '-r', '200', '-f', 'raw', '-o', str(raw), '--', sys.executable, '-c', code],

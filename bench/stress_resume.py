@@ -1,5 +1,6 @@
 """Stress the resume test's stages (issue 12): the reference, a run killed after its first epoch and its resume, each
-in a fresh process through `fastrepro.jobs` (the one harness), many times, beside background load, with 1 and 2 threads.
+in a fresh process through `fastrepro.demo.jobs` (the one harness), many times, beside background load, with 1 and 2
+threads.
 Each round runs a kill and a resume and compares the resumed run with the condition's reference (`same_run`: final
 weights, every per-batch loss and parameter norm, the Recorder); a difference is recorded with `first_divergence`'s
 iteration and columns. Not a CI test: a round takes 15 s (no load) to 45 s (beside a CPU hog) on two shared cores.
@@ -42,8 +43,8 @@ def stop_load(procs:list):
 
 def condition(path:Path, df, prof, threads:int, env:dict):
     "A written job for one thread count, its reference run"
-    from fastrepro.jobs import Job, job_process, job_error
-    from fastrepro.ulmfit import Stage
+    from fastrepro.demo.jobs import Job, job_process, job_error
+    from fastrepro.demo.ulmfit import Stage
     from fastrepro.trace import RunRecord
     job = Job('lm', df, path, profile=prof, threads=threads, stages=[Stage(0, N_EPOCH, LR)])
     spec = job.write()
@@ -54,7 +55,7 @@ def condition(path:Path, df, prof, threads:int, env:dict):
 
 def one_round(spec, ref, env:dict) -> dict:
     "Kill after epoch 0, resume in a fresh process, compare with `ref`"
-    from fastrepro.jobs import job_process, job_error, STOP_EPOCH
+    from fastrepro.demo.jobs import job_process, job_error, STOP_EPOCH
     from fastrepro.trace import RunRecord, same_run, first_divergence
     p = job_process(spec, 'kill', env=env)
     assert p.returncode == -signal.SIGKILL, job_error(p)
@@ -84,12 +85,12 @@ def main(argv=None):
     p.add_argument('--threads', default='1,2', help='comma-separated torch thread counts')
     p.add_argument('--setting', default='recommended', choices=list(SETTINGS))
     p.add_argument('--profile', default='stress',
-                   help="'stress' (small, default) or a fastrepro.ulmfit profile ('test')")
+                   help="'stress' (small, default) or a fastrepro.demo.ulmfit profile ('test')")
     p.add_argument('--out', default=str(ROOT/'bench'/'out'/'stress_resume.jsonl'), help='one JSON line per round')
     p.add_argument('--summary', action='store_true', help="only print the table of --out's rounds")
     a = p.parse_args(argv)
     if a.summary: return print(summary(Path(a.out)).to_string())
-    from fastrepro.ulmfit import Profile, get_profile, imdb_sample_df, subsample
+    from fastrepro.demo.ulmfit import Profile, get_profile, imdb_sample_df, subsample
     import pandas as pd
     prof = Profile(**SMALL) if a.profile == 'stress' else get_profile(a.profile)
     df = subsample(imdb_sample_df('test'), prof.n_texts, prof.max_chars)

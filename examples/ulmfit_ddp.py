@@ -13,7 +13,7 @@ import argparse, shutil
 from fastai.text.all import *
 from fastai.distributed import *
 from fastrepro.all import ReproCB, CheckpointCB, state_digest
-from fastrepro.ulmfit import imdb_sample_df, lm_dls, clas_dls, lm_learner, clas_learner, get_profile
+from fastrepro.demo.ulmfit import imdb_sample_df, lm_dls, clas_dls, lm_learner, clas_learner, get_profile
 
 def main(out='runs/ulmfit_ddp', seed=42, profile='test', every_iters=5, allow_dirty=False, fresh=False):
     out, p = Path(out), get_profile(profile)
@@ -40,7 +40,7 @@ if __name__ == '__main__':
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--out', default='runs/ulmfit_ddp', help="the run's folder: checkpoints, encoder")
     ap.add_argument('--seed', type=int, default=42)
-    ap.add_argument('--profile', default='test', help="fastrepro.ulmfit's size: test (seconds) or fast")
+    ap.add_argument('--profile', default='test', help="fastrepro.demo.ulmfit's size: test (seconds) or fast")
     ap.add_argument('--every-iters', type=int, default=5, help='a checkpoint every N training iterations')
     ap.add_argument('--allow-dirty', action='store_true', help='run from a working tree with uncommitted changes')
     ap.add_argument('--fresh', action='store_true', help="delete the run's folder first: start over")

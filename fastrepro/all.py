@@ -1,4 +1,4 @@
-"""Everything public, in one import: `from fastrepro.all import *` (fastai's convention).
+"""What a user calls, in one import: `from fastrepro.all import *` (fastai's convention).
 
 Docs: https://fastrepro.github.io/fastrepro/all.html.md"""
 
@@ -8,28 +8,26 @@ Docs: https://fastrepro.github.io/fastrepro/all.html.md"""
 __all__ = []
 
 # %% ../nbs/99_all.ipynb #db03c2a0
-from . import __version__
-from .core import *
-from .rng import *
-from .checkpoint import *
-from .callback import *
-from .preempt import *
-from .data import *
-from .fp16 import *
-from .distrib import *
-from .audit import *
-from .trace import *
-from .provenance import *
-from .ledger import *
-from .stats import *
-from .sweep import *
-from .ulmfit import *
-from .jobs import *
+# modules a user calls nothing of, imported so that every patch applies (`core`: Learner.fit; `distrib`: DistributedDL)
+from . import core, resume, distrib
+from .rng import seed_everything, derive_seed, rng_states, restore_rng_states
+from .portable import portable_env
+from .kernels import set_deterministic, deterministic_switches, set_switches
+from .kernels import set_portable, restore_portable, portable_problems
+from .checkpoint import CheckpointError, ResumeError, checkpoint_info, read_checkpoint, atomic_torch_save
+from .checkpoint import checkpoint_summary, checkpoint_upgrade
+from .callback import ReproCB, FitRecord
+from .preempt import CheckpointCB
+from .data import make_deterministic, undo_deterministic, set_epoch, pass_problem
+from .fp16 import ReproMixedPrecision  # also Learner.to_repro_fp16, loss_scale_history, plot_loss_scale
+from .audit import NondeterminismError, NondeterminismWarning, audit_model, audit_switches, fix_rnn_dropout
+from .trace import first_divergence, save_trace, load_trace, state_digest, RunRecord, same_run, plot_losses
+from .provenance import DirtyTreeError, ProvenanceWarning, RankMismatchError
+from .provenance import git_info, git_patch, check_clean, environment_info, env_diff, run_provenance
+from .ledger import Ledger, LedgerError, metrics_frame, metric_column
+from .stats import compare, ablation, seeds_needed, seed_power, cohens_d, hedges_g, ComparisonWarning
+from .sweep import repeat, pinned, SweepError, WorkerError
 
 # %% ../nbs/99_all.ipynb #d209bc32
-from . import (core, rng, checkpoint, callback, preempt, data, fp16, distrib, audit, trace, provenance, ledger,
-                       stats, sweep, ulmfit, jobs)
-# nbdev writes an empty `__all__` for this module; re-export every module's public names instead
-__all__ = ['__version__'] + [n for m in (core, rng, checkpoint, callback, preempt, data, fp16, distrib, audit, trace,
-                                         provenance, ledger, stats, sweep, ulmfit, jobs)
-                             for n in m.__all__]
+# nbdev writes an empty `__all__` for a module that defines nothing: the namespace is every name imported above
+__all__ = [n for n, o in globals().items() if not n.startswith('_') and not isinstance(o, type(core))]

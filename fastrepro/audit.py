@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 from fastai.basics import *
 from fastai.callback.fp16 import MixedPrecision
-from .rng import deterministic_switches
+from .kernels import deterministic_switches
 from .core import is_stateful
 from .provenance import env_diff
 
@@ -198,7 +198,7 @@ def _recorded_findings(sw:dict, recorded:dict|None, num_threads:int|None, record
         changed = [f"{k}: {recorded[k]!r} -> {sw.get(k)!r}" for k in recorded if sw.get(k) != recorded[k]]
         if changed: res.append(f"The deterministic switches differ from the recorded run's ({', '.join(changed)}): a "
                                "resumed run continues the recorded one bit for bit only under the same switches; "
-                               "`fastrepro.rng.set_switches(recorded)` puts them back.")
+                               "`fastrepro.kernels.set_switches(recorded)` puts them back.")
     if recorded_threads is not None:
         n = torch.get_num_threads() if num_threads is None else num_threads
         if n != recorded_threads:

@@ -6,164 +6,32 @@ Docs: https://fastrepro.github.io/fastrepro/callback.html.md"""
 
 # %% ../nbs/03_callback.ipynb #04a93941
 from __future__ import annotations
-import sys, time, secrets, warnings, random, hashlib
-from dataclasses import dataclass, asdict
+import time, secrets, random
 import numpy as np
 import pandas as pd
 from fastai.basics import *
-from fastai.callback.tracker import TrackerCallback, ReduceLROnPlateau
+from fastai.callback.tracker import TrackerCallback
 from fastai.callback.training import GradientAccumulation
 from .core import *
-from .rng import *
+from .rng import derive_seed, seed_global, rng_states
+from .kernels import FitSwitches
 from .checkpoint import *
-from .data import make_deterministic, undo_deterministic, set_epoch, data_streams, pass_problem
-from .data import pass_position, resumed_pass_differs
+from .resume import Position, ResumePlan, inside_state, inside_problem
+from .data import make_deterministic, undo_deterministic, set_epoch, loader_orders
+from .distrib import world_size
 from .audit import audit_fit, audit_resume, Findings
 from .trace import Trace, TRACE_EVERY
-from .provenance import run_provenance, environment_info, pack_git, unpack_git, check_ranks_agree
+from .provenance import run_provenance, environment_info, git_info, pack_git, unpack_git, check_ranks_agree
 from .ledger import Ledger
 
 # %% auto #0
-__all__ = ['SEED_DRAW_BITS', 'LOSS_NAMES', 'DEFAULT_EXPERIMENT', 'ResumeError', 'data_fingerprint', 'recorder_state',
-           'set_recorder_state', 'grad_presence', 'set_grad_presence', 'carried_state', 'set_carried_state',
-           'metric_states', 'set_metric_states', 'fastai_callback_states', 'set_fastai_callback_states', 'Position',
-           'fit_metrics', 'FitRecord', 'ReproCB', 'loader_orders', 'set_loader_orders']
+__all__ = ['SEED_DRAW_BITS', 'LOSS_NAMES', 'DEFAULT_EXPERIMENT', 'fit_metrics', 'FitRecord', 'FitProvenance', 'ReproCB',
+           'repro_state']
 
 # %% ../nbs/03_callback.ipynb #7e6d10e3
 SEED_DRAW_BITS = 31    # seeds drawn when none is given: short enough to type back
 LOSS_NAMES = ('loss', 'perplexity', 'error')  # metrics where lower is better, for the ledger's `best`
 DEFAULT_EXPERIMENT = 'default'  # ledger experiment name when ReproCB is given none
-
-class ResumeError(RuntimeError):
-    "A fit that cannot resume the loaded checkpoint exactly"
-
-# %% ../nbs/03_callback.ipynb #61f9b2bd
-def _dropped_start_epoch(max_depth:int=30):
-    "The caller that got a `start_epoch>0` and did not pass it on to `Learner.fit` (fastai's `fit_flat_cos` does this)"
-    f = sys._getframe(1)
-    for _ in range(max_depth):
-        if f is None: return None
-        v = f.f_locals.get('start_epoch')
-        if isinstance(v, int) and v > 0 and 'self' in f.f_locals and isinstance(f.f_locals['self'], Learner):
-            return f.f_code.co_name, v
-        f = f.f_back
-
-# %% ../nbs/03_callback.ipynb #a18b694d
-def data_fingerprint(dls) -> str:
-    "A digest of what identifies `dls`' data: sizes, vocabulary and the items of each dataset"
-    parts = [data_signature(dls)]
-    for dl in getattr(dls, 'loaders', [dls]):
-        items = getattr(getattr(dl, 'dataset', None), 'items', None)
-        if isinstance(items, pd.DataFrame): h = int(pd.util.hash_pandas_object(items, index=True).sum())
-        elif items is not None: h = hashlib.sha256(repr([items[i] for i in range(len(items))]).encode()).hexdigest()
-        else: h = None
-        parts.append((len(getattr(dl, 'dataset', [])), h))
-    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
-
-# %% ../nbs/03_callback.ipynb #046b8959
-def _plain_tensor(t): return torch.as_tensor(t).detach().as_subclass(Tensor).cpu()
-
-def recorder_state(rec) -> dict:
-    "What fastai's `Recorder` keeps of a fit: the smoothed loss, and per iteration and epoch what it records"
-    sl = rec.smooth_loss
-    return {'smooth_count': sl.count, 'smooth_val': _plain_tensor(sl.val).clone(),
-            'losses': _plain_tensor(torch.stack(rec.losses)) if rec.losses else torch.zeros(0),
-            'lrs': torch.tensor([float(o) for o in rec.lrs], dtype=torch.float64), 'iters': [int(o) for o in rec.iters],
-            'values': [[float(v) for v in vals] for vals in rec.values]}
-
-def set_recorder_state(rec, d:dict, device):
-    "Put `d` (from `recorder_state`) back into `rec`, its tensors on `device`"
-    rec.smooth_loss.count, rec.smooth_loss.val = d['smooth_count'], d['smooth_val'].to(device)
-    rec.losses = [o.to(device) for o in d['losses']]
-    rec.lrs, rec.iters = torch.as_tensor(d['lrs'], dtype=torch.float64).tolist(), list(d['iters'])
-    rec.values = [L(v) for v in d['values']]
-
-# %% ../nbs/03_callback.ipynb #83984ee2
-def grad_presence(model) -> list:
-    "Which parameters of `model` hold a `.grad` (fastai's optimizer steps exactly those)"
-    return [p.grad is not None for p in model.parameters()]
-
-def set_grad_presence(model, present:list):
-    "Give the parameters of `model` zero gradients where `present` says, none elsewhere"
-    params = list(model.parameters())
-    if len(params) != len(present):
-        raise ResumeError(f"The checkpoint has {len(present)} parameters, the model {len(params)}.")
-    for p, has in zip(params, present):
-        if has and p.grad is None: p.grad = torch.zeros_like(p)
-        elif has: p.grad.detach_().zero_()
-        elif not has: p.grad = None
-
-# %% ../nbs/03_callback.ipynb #6f18acc1
-def _detached(o):
-    "`o` (a tensor, or lists and tuples of them) detached and on the CPU"
-    if isinstance(o, Tensor): return o.detach().as_subclass(Tensor).cpu().clone()
-    return type(o)(_detached(x) for x in o) if isinstance(o, (list, tuple)) else o
-
-def _to(o, device):
-    if isinstance(o, Tensor): return o.to(device)
-    return type(o)(_to(x, device) for x in o) if isinstance(o, (list, tuple)) else o
-
-def carried_state(model) -> dict:
-    "What `model` carries from one batch to the next: `hidden` (and `bs`) of each module that has `reset` and `hidden`"
-    return {n: {'hidden': _detached(m.hidden), 'bs': getattr(m, 'bs', None)}
-            for n, m in get_model(model).named_modules()
-            if callable(getattr(m, 'reset', None)) and 'hidden' in m.__dict__}
-
-def set_carried_state(model, d:dict, device):
-    "Put `d` (from `carried_state`) back into `model`, its tensors on `device`"
-    for name, st in d.items():
-        m = get_model(model).get_submodule(name)
-        m.hidden = _to(st['hidden'], device)
-        if st['bs'] is not None: m.bs = st['bs']
-
-def metric_states(mets) -> list:
-    "The accumulators of fastai metrics `mets` (numbers, tensors, lists of tensors), one dict per metric"
-    keep = lambda v: isinstance(v, (int, float, Tensor)) or (isinstance(v, list) and
-                                                             all(isinstance(o, Tensor) for o in v))
-    return [{k: _detached(v) for k, v in vars(m).items() if keep(v) and not k.startswith('_')} for m in mets]
-
-def set_metric_states(mets, states:list, device):
-    "Put the accumulators of `metric_states` back"
-    for m, st in zip(mets, states):
-        for k, v in st.items(): setattr(m, k, _to(v, device))
-
-# %% ../nbs/03_callback.ipynb #39a2c2af
-def fastai_callback_states(learn:Learner) -> dict:
-    ("The state of the attached fastai callbacks that keep one: trackers (best, wait, lowered rates), gradient "
-     "accumulation")
-    res = {}
-    for cb in learn.cbs:
-        if isinstance(cb, TrackerCallback) and cb.best is not None:
-            st = {'best': float(cb.best), **({'wait': int(cb.wait)} if hasattr(cb, 'wait') else {})}
-            if isinstance(cb, ReduceLROnPlateau) and learn.opt is not None:
-                st['lrs'] = [float(h['lr']) for h in learn.opt.hypers]
-            res[cb.name] = st
-        elif isinstance(cb, GradientAccumulation) and getattr(cb, 'count', 0):
-            res[cb.name] = {'count': int(cb.count), 'grads': [_detached(p.grad) for p in learn.model.parameters()]}
-    return res
-
-def set_fastai_callback_states(learn:Learner, states:dict):
-    "Put back the states `fastai_callback_states` returned, into the same callbacks (by name)"
-    for name, st in states.items():
-        cb = getattr(learn, name, None)
-        if cb is None:
-            warnings.warn(f"The checkpoint holds the state of fastai's `{name}`, which is not attached: a resumed run "
-                          f"without it differs from the uninterrupted one. Attach it before the fit.")
-            continue
-        if 'best' in st: cb.best = st['best']
-        if 'wait' in st: cb.wait = st['wait']
-        for h, lr in zip(learn.opt.hypers, st.get('lrs', [])): h['lr'] = lr
-        if 'grads' in st:
-            cb.count = st['count']
-            for p, g in zip(learn.model.parameters(), st['grads']): p.grad = None if g is None else g.to(p.device)
-
-# %% ../nbs/03_callback.ipynb #d5abb1b6
-@dataclass
-class Position:
-    ("Where a run stands: its fit (0-based, on this learner), the fit's epochs, the next epoch to run, the batches "
-     "done in it")
-    fit:int=-1; n_epoch:int|None=None; epoch:int=0; batch:int=0
-    def state_dict(self, learn) -> dict: return dict(asdict(self), train_iter=int(getattr(learn, 'train_iter', 0)))
 
 # %% ../nbs/03_callback.ipynb #4f2283be
 def fit_metrics(learn) -> dict:
@@ -210,7 +78,63 @@ class FitRecord:
                            duration=self.earlier + now - self.started, **({} if notes is None else {'notes': notes}))
         self.started = None  # `run_id` stays: a resume of this fit continues its record
 
+# %% ../nbs/03_callback.ipynb #d5df32c9
+class FitProvenance:
+    "What a fit ran: its code (a dirty tree refused unless allowed), environment and device, audited once per fit"
+    def __init__(self,
+        repo_path:str|Path|None=None, # a folder inside the code's git repository; None: the working directory
+        allow_dirty:bool=False, # train from a git working tree with uncommitted changes (the patch is recorded)
+        allow_cudnn_rnn_dropout:bool=False, # accept cuDNN's uncapturable RNN dropout on CUDA
+    ):
+        store_attr()
+        self.prov = self.device = None  # the running (or last) fit's
+        self.findings = Findings()
+
+    def take_code(self):
+        "Record the code the fit runs: its git commit and the patch of a dirty tree (refused unless `allow_dirty`)"
+        self.prov = run_provenance(self.repo_path or '.', allow_dirty=self.allow_dirty)
+
+    def audit(self, learn:Learner, resumed:dict|None=None):
+        "Record the environment (with the fit's switches) and device; report what would break the run's bits, once"
+        env = environment_info()
+        self.prov.update(env=env, env_hash=env['env_hash'])
+        check_ranks_agree(self.prov)
+        self.device = str(getattr(learn.dls, 'device', None) or default_device())
+        found = audit_fit(learn, env, self.allow_cudnn_rnn_dropout)
+        if resumed is not None: found += audit_resume(resumed['provenance'], self.state())  # what the resume changes
+        self.findings.report(found)
+
+    def git_now(self) -> dict:
+        "The code's git record as it stands now, before a fit takes it (commit, patch hash)"
+        return git_info(self.repo_path or '.')
+
+    @property
+    def git(self) -> dict|None:
+        "The running (or last) fit's git record, with the patch of a dirty tree"
+        return None if self.prov is None else dict(self.prov['git'], patch=self.prov['patch'])
+    @property
+    def env(self) -> dict|None:
+        "The running (or last) fit's environment: versions, hardware, threads, switches"
+        return None if self.prov is None else self.prov['env']
+
+    def state(self) -> dict: return dict(env=self.env or environment_info(), git=pack_git(self.git), device=self.device)
+
 # %% ../nbs/03_callback.ipynb #fd06b9d9
+def _rank_stream(rank_streams:bool=True) -> tuple:
+    "The stream coordinate of this process's rank: none for rank 0 (a single process), or with `rank_streams` off"
+    return ('rank', rank_distrib()) if rank_streams and rank_distrib() else ()
+
+def _epoch_barrier(seed:int, fit:int, epoch:int, dls, rank_streams:bool=True):
+    "Seed every generator, each DataLoader's included, from (seed, fit, epoch) and the rank"
+    seed_global(derive_seed(seed, fit, epoch, *_rank_stream(rank_streams)))
+    for i, dl in enumerate(dls.loaders): dl.rng = random.Random(derive_seed(seed, fit, epoch, 'dl', i))
+
+def _drawn_seed() -> int:
+    "A run seed from the OS, said so that the run can be replayed"
+    seed = secrets.randbits(SEED_DRAW_BITS)
+    print(f"ReproCB: no seed given, drew seed={seed}; replay this run with ReproCB(seed={seed}).")
+    return seed
+
 class ReproCB(Callback):
     "Own every generator of a fastai run: seeds and streams, deterministic switches, provenance, trace, exact resume"
     order = -20  # before TrainEvalCallback (-10): the epoch barrier reseeds before any other callback draws
@@ -224,75 +148,53 @@ class ReproCB(Callback):
         trace_every:int=TRACE_EVERY, # record the parameter norms every N training iterations (0: losses only)
         allow_dirty:bool=False, # train from a git working tree with uncommitted changes (the patch is recorded)
         repo_path:str|Path|None=None, # a folder inside the code's git repository; None: the working directory
-        ledger:Ledger|str|Path|None=None, # the ledger, or its path, that gets one record per fit; None: no records
-        experiment:str|None=None, # experiment name in the ledger
-        variant:str|None=None, # variant name in the ledger (e.g. 'baseline')
-        metric_version:str|None=None, # validation data/procedure/metric version; other versions' runs are not compared
-        tags:dict|None=None, # user tags stored with each ledger record
+        ledger:FitRecord|Ledger|str|Path|None=None, # one record per fit: a `FitRecord` (experiment, variant, tags...)
         allow_cudnn_rnn_dropout:bool=False, # accept cuDNN's uncapturable RNN dropout on CUDA
         rank_streams:bool=True, # distributed runs: each rank's dropout and other model-side draws from its own streams
         allow_world_size_change:bool=False, # resume, at an epoch boundary, a checkpoint of another number of processes
     ):
-        store_attr('seed,deterministic,portable,warn_only,deterministic_data,per_item,allow_dirty,repo_path,'
-                   'allow_cudnn_rnn_dropout,rank_streams,allow_world_size_change')
-        if deterministic: set_mkl_reproducible()  # MKL reads its mode at its first call: before `lr_find` can run it
-        self.trace, self.findings = Trace(trace_every), Findings()
-        self.record = FitRecord(ledger, experiment, variant, metric_version, tags)
-        self.position = Position()   # where the run stands
-        self.pending = None          # a loaded checkpoint's state, until the next fit takes it
-        self.resuming = None         # that state, taken by the running fit, until its first epoch applies it
-        # the running fit's provenance, device, switches before it
-        self.prov = self.device = self._switches_before = None
-        self._portable_before = None  # with `portable`, what `set_portable` changed for the running fit
-        self.active, self.cancelled, self.start_epoch = False, False, 0
-        self.resumes = False         # whether the running fit resumes an interrupted one
-        self.resume_batch = 0        # the batches of its first epoch the running fit skips (a resume inside an epoch)
-        self.inside = None           # what a resume inside an epoch restores at the first batch it runs
-        self._silenced = []          # the callbacks kept out of the epochs a resumed fit skips
-        self._train_end = None       # the generator states when the epoch's training ended (a checkpoint taken
-                                     # during validation resumes from there)
+        store_attr('seed,deterministic_data,per_item,rank_streams,allow_world_size_change')
+        self.switches, self.trace = FitSwitches(deterministic, warn_only, portable), Trace(trace_every)
+        self.provenance = FitProvenance(repo_path, allow_dirty, allow_cudnn_rnn_dropout)
+        self.record = ledger if isinstance(ledger, FitRecord) else FitRecord(ledger)
+        self.position, self.plan = Position(), None  # where the run stands; the running fit's resume plan
+        self.pending = None  # a loaded checkpoint's state, until the next fit takes it
+        self.active = self.cancelled = False
+        self._train_end = None  # the generator states when the epoch's training ended (for a checkpoint in validation)
 
     def before_fit(self):
-        self.active = in_fit(self.learn) and not in_lr_find(self.learn)  # not `validate`, `get_preds` or `lr_find`
+        self.active = training_fit(self.learn)
         if not self.active: return
-        if self.seed is None:
-            self.seed = secrets.randbits(SEED_DRAW_BITS)
-            print(f"ReproCB: no seed given, drew seed={self.seed}; replay this run with ReproCB(seed={self.seed}).")
-        if self.portable: self._portable_before = set_portable()  # before anything reads the environment
-        self.start_epoch, self.cancelled = resume_epoch(self.learn), False
-        self.resuming = self._begin_fit(self.start_epoch)
-        self.prov = run_provenance(self.repo_path or '.', allow_dirty=self.allow_dirty)  # refuses a dirty tree
-        if self.deterministic: self._switches_before = set_deterministic(True, warn_only=self.warn_only)
-        env = environment_info()  # with the fit's switches
-        self.prov.update(env=env, env_hash=env['env_hash'])
-        check_ranks_agree(self.prov)
-        self.device = str(getattr(self.dls, 'device', None) or default_device())
-        found = audit_fit(self.learn, env, self.allow_cudnn_rnn_dropout)
-        if self.resumes and self.resuming is not None:
-            found += audit_resume(self.resuming['provenance'], self._provenance())
-        self.findings.report(found)
+        if self.seed is None: self.seed = _drawn_seed()
+        self.switches.pin_kernels()  # before anything reads the environment
+        self.plan = ResumePlan.make(self.pending, self.position, self.learn, self.deterministic_data,
+                                    self.allow_world_size_change)
+        self.position, self.pending, self.cancelled = self.plan.position, None, False
+        self.provenance.take_code()  # refuses a dirty tree
+        self.switches.on()
+        self.provenance.audit(self.learn, self.plan.resumed)
         if self.deterministic_data:
             make_deterministic(self.dls, derive_seed(self.seed, 'data'), per_item=self.per_item, rank=rank_distrib())
-        if self.resume_batch: self._check_resumable(self.resuming)
-        if self.start_epoch == 0: seed_global(derive_seed(self.seed, self.position.fit, 'fit', *self._rank))
-        resumed = self.resuming['ledger_run'] if self.resumes and self.resuming is not None else None
-        self.record.start(self.learn, self.seed, self.position.fit, self.start_epoch, self.prov, resumed=resumed)
+        self.plan.check_loader(self.dls.train)
+        if self.plan.epoch == 0:
+            seed_global(derive_seed(self.seed, self.position.fit, 'fit', *_rank_stream(self.rank_streams)))
+        self.record.start(self.learn, self.seed, self.position.fit, self.plan.epoch, self.provenance.prov,
+                          resumed=(self.plan.resumed or {}).get('ledger_run'))
 
     def before_epoch(self):
-        self._unsilence()  # every epoch's start reaches all: `SkipToEpoch` must cancel each skipped one
-        if not self.active or self.epoch < self.start_epoch: return
-        if self.resuming is not None: self._resume(self.resuming)
-        self._barrier(self.epoch)
-        self.position.epoch, self.position.batch = self.epoch, self._first_batch()
+        if not self.active: return
+        self.plan.unsilence()  # every epoch's start reaches all: `SkipToEpoch` must cancel each skipped one
+        if self.epoch < self.plan.epoch: return
+        if self.epoch == self.plan.epoch: self.plan.at_first_epoch(self.learn, self.trace)
+        _epoch_barrier(self.seed, self.position.fit, self.epoch, self.dls, self.rank_streams)
+        self.position.epoch, self.position.batch = self.epoch, self.plan.first_batch(self.epoch)
 
     def before_train(self):
         if self.active and self.deterministic_data:
-            set_epoch(self.dls.train, (self.position.fit, self.epoch), start=self._first_batch())
+            set_epoch(self.dls.train, (self.position.fit, self.epoch), start=self.plan.first_batch(self.epoch))
 
     def before_batch(self):
-        if not (self.active and self.training) or self.epoch != self.start_epoch: return
-        self.learn.iter += self.resume_batch  # fastai counts the batches the loader served: the skipped ones too
-        if self.inside is not None: self._resume_inside()
+        if self.active and self.training and self.epoch == self.plan.epoch: self.plan.at_batch(self.learn)
 
     def after_batch(self):
         if not (self.active and self.training): return
@@ -301,19 +203,19 @@ class ReproCB(Callback):
 
     def after_train(self):
         if not self.active: return
-        if self.inside is not None: self._resume_inside()  # a checkpoint taken during validation: no batch to wait for
+        self.plan.restore_inside(self.learn)  # a checkpoint taken during validation: no batch to wait for
         self._train_end = rng_states()
 
     def before_validate(self):
         if self.active and self.deterministic_data: set_epoch(self.dl, (self.position.fit, self.epoch))
 
     def after_epoch(self):
-        if not self.active or self.epoch < self.start_epoch: return
+        if not self.active or self.epoch < self.plan.epoch: return
         self.trace.flush()
         self.position.epoch, self.position.batch, self._train_end = self.epoch + 1, 0, None
 
     def after_cancel_epoch(self):
-        if self.active and self.epoch < self.start_epoch: self._silence()  # an epoch `SkipToEpoch` skips
+        if self.active and self.epoch < self.plan.epoch: self.plan.silence(self.learn, self)  # skipped by `SkipToEpoch`
 
     def after_cancel_fit(self): self.cancelled = True
     def after_fit(self):
@@ -324,197 +226,48 @@ class ReproCB(Callback):
                       f"{type(exc).__name__}: {exc}")
 
     def state_dict(self) -> dict:
-        "Where the run stands and what a fit that resumes it needs, `weights_only`-safe"
-        if self.pending is not None: return self.pending  # loaded and not fitted since: the same checkpoint
-        rec = getattr(self.learn, 'recorder', None)
-        res = dict(seed=self.seed, position=self.position.state_dict(self.learn),
-                   grad_present=grad_presence(self.model),
-                   recorder=recorder_state(rec) if rec is not None and hasattr(rec, 'lrs') else None,
-                   trace=self.trace.state_dict(), provenance=self._provenance(), ledger_run=self.record.run_id,
-                   fastai_callbacks=fastai_callback_states(self.learn), world_size=world_size())
-        if not self.deterministic_data: res['loader_orders'] = loader_orders(self.dls)
-        if self.position.batch: res['inside'] = self._inside_state()
-        return res
+        "Where the run stands and what a fit that resumes it needs (`repro_state`), `weights_only`-safe"
+        return self.pending if self.pending is not None else repro_state(self)  # loaded, not fitted since: the same
 
     def load_state_dict(self, d:dict):
-        "Keep a checkpoint's state pending: the next fit takes it (`_begin_fit`) and applies it (`_resume`)"
+        "Keep a checkpoint's state pending: the next fit makes its resume plan from it"
         if self.seed is not None and d['seed'] != self.seed:
             warnings.warn(f"The checkpoint was written by a run with seed={d['seed']}; this ReproCB has "
                           f"seed={self.seed}. The checkpoint's seed is used, so the resumed run continues its streams.")
         self.seed, self.pending = d['seed'], d
 
-    @property
-    def git(self) -> dict|None:
-        "The running (or last) fit's git record, with the patch of a dirty tree"
-        return None if self.prov is None else dict(self.prov['git'], patch=self.prov['patch'])
-    @property
-    def env(self) -> dict|None:
-        "The running (or last) fit's environment: versions, hardware, threads, switches"
-        return None if self.prov is None else self.prov['env']
-
-    def _provenance(self) -> dict:
-        return dict(env=self.env or environment_info(), git=pack_git(self.git), device=self.device)
-
-    def _begin_fit(self, start:int) -> dict|None:
-        "Check this fit against the pending checkpoint, once, and set its position; the checkpoint's state, if any"
-        p, self.pending = self.pending, None
-        pos = None if p is None else p['position']
-        # a checkpoint written inside epoch 0 is resumed by the same fit call with start_epoch=0
-        inside_first = (start == 0 and pos is not None and pos['epoch'] == 0 and pos['batch'] > 0
-                        and pos['n_epoch'] == self.n_epoch)
-        self.resumes, self.resume_batch = start > 0 or inside_first, 0
-        if self.resumes:
-            if p is None:
-                warnings.warn(f"This fit resumes at epoch {start} but no fastrepro checkpoint was loaded: the "
-                              "Recorder, the iteration count and the trace are not restored, so it will not be "
-                              "bit-identical.")
-                self.position = Position(max(self.position.fit, 0), self.n_epoch, start)
-                return None
-            if pos['batch'] and not self.deterministic_data:
-                raise ResumeError(f"The loaded checkpoint was written inside epoch {pos['epoch']} (after "
-                                  f"{pos['batch']} batches). Resuming there needs deterministic data "
-                                  "(`ReproCB(deterministic_data=True)`, the default): without it the rest of the "
-                                  "epoch's batches cannot be served again.")
-            if pos['epoch'] != start:
-                raise ResumeError(f"The loaded checkpoint stopped before epoch {pos['epoch']} of its fit, so the "
-                                  f"resumed fit must start at epoch {pos['epoch']}; got start_epoch={start}.")
-            if p['world_size'] != world_size() and (pos['batch'] or not self.allow_world_size_change):
-                raise ResumeError(f"The loaded checkpoint comes from a run of {p['world_size']} process(es) and this "
-                                  f"run has {world_size()}: each process's share of the data, its generators and its "
-                                  "model's hidden state would differ, so the resumed run cannot be the interrupted "
-                                  "one. Launch as many processes as before, or resume at an epoch boundary with "
-                                  "`ReproCB(allow_world_size_change=True)` (not bit-identical).")
-            if pos['n_epoch'] != self.n_epoch:
-                raise ResumeError(f"The loaded checkpoint comes from a {pos['n_epoch']}-epoch fit; resuming it with "
-                                  f"n_epoch={self.n_epoch} changes the schedule. Call the same fit method with "
-                                  f"n_epoch={pos['n_epoch']}.")
-            self.position, self.resume_batch = Position(pos['fit'], self.n_epoch, start), pos['batch']
-            return p
-        dropped = _dropped_start_epoch()
-        if dropped:
-            raise ResumeError(f"`{dropped[0]}` was called with start_epoch={dropped[1]} but does not pass it on to "
-                              "`Learner.fit` (fastai's `fit_flat_cos` does this), so this fit would silently restart "
-                              "at epoch 0. Resume with `fit_one_cycle`, `fit_sgdr` or `fit`, which honour start_epoch.")
-        fit = self.position.fit
-        if p is not None:
-            if pos['n_epoch'] is not None and (pos['epoch'], pos['batch']) < (pos['n_epoch'], 0):
-                warnings.warn(f"The loaded checkpoint stopped inside its {pos['n_epoch']}-epoch fit (epoch "
-                              f"{pos['epoch']}, batch {pos['batch']}), but this fit starts anew. To resume it, call "
-                              f"the same fit with start_epoch={pos['epoch']}.")
-            fit = max(fit, pos['fit'])
-        self.position = Position(fit + 1, self.n_epoch, 0)
-        return p  # a new fit after the checkpoint's: it continues the trace, and the gradients the optimizer steps
-
-    def _resume(self, p:dict):
-        "Apply the checkpoint state `p` the running fit took, at its first epoch (see above why not earlier)"
-        self.resuming = None
-        self.trace.load_state_dict(p['trace'])
-        set_grad_presence(self.model, p['grad_present'])
-        if not self.resumes: return  # a new fit: a fresh Recorder, iterations from 0
-        if p['recorder'] is not None and hasattr(self.learn, 'recorder'):
-            set_recorder_state(self.learn.recorder, p['recorder'], self.dls.device or 'cpu')
-        self.learn.train_iter = p['position']['train_iter']
-        if 'loader_orders' in p: set_loader_orders(self.dls, p['loader_orders'])
-        set_fastai_callback_states(self.learn, p['fastai_callbacks'])
-        self.inside = p['inside'] if self.resume_batch else None  # inside the epoch: the rest waits for its first batch
-
-    def _first_batch(self) -> int: return self.resume_batch if self.epoch == self.start_epoch else 0
+    def show_loaded_fit(self):
+        "Show the loaded checkpoint's fit in the learner's Recorder, as after that fit"
+        rec = (self.pending or {}).get('recorder')
+        if rec is not None: set_recorder_state(self.learn.recorder, rec, 'cpu')
 
     def inside_problem(self) -> str|None:
         "Why a checkpoint written now, inside an epoch, could not be resumed exactly; None when it could"
-        if not (self.active and self.position.batch): return None  # an epoch boundary
-        if not self.deterministic_data: return "`ReproCB(deterministic_data=False)` cannot serve a pass's rest"
-        served = data_streams(self.dls.train).served
-        return pass_problem(self.dls.train if served is None else served.loader)
-
-    def _check_resumable(self, p:dict):
-        "Refuse, before training, a resume inside an epoch that this run's training loader cannot serve exactly"
-        why = (p['inside']['pass'] or {}).get('problem') or pass_problem(self.dls.train)
-        if why: raise ResumeError(f"The loaded checkpoint was written inside epoch {p['position']['epoch']} (after "
-                                  f"{p['position']['batch']} batches), and the rest of that pass cannot be served "
-                                  f"exactly: {why}. Resume from a checkpoint written at an epoch boundary (for such a "
-                                  "loader `CheckpointCB` writes only those).")
-
-    def _inside_state(self) -> dict:
-        "What a resume inside the epoch needs, as it stands now (or as training ended, during validation)"
-        rec = getattr(self.learn, 'recorder', None)
-        return dict(generators=self._train_end if not self.training and self._train_end else rng_states(),
-                    pct_train=float(self.learn.pct_train), carried=carried_state(self.model),
-                    train_metrics=metric_states(rec._train_mets[1:]) if rec is not None else [],
-                    # what the schedulers set at the last batch: `Learner.fit` resets the rate, and a checkpoint
-                    # written after the epoch's last batch has no batch left to set it again
-                    hypers=[{k: float(v) for k, v in h.items() if isinstance(v, (int, float, np.number))}
-                            for h in self.opt.hypers],
-                    # the training pass as its loader counts it: the resume checks that it serves that pass's rest
-                    **{'pass': pass_position(self.dls.train) if self.deterministic_data and self.active else None})
-
-    def _resume_inside(self):
-        "Restore, at the first batch of a resume inside an epoch, what fastai's `before_train` events reset"
-        st, self.inside, device = self.inside, None, self.dls.device or 'cpu'
-        self._check_resumed_pass(st['pass'])
-        restore_rng_states(st['generators'])
-        self.learn.pct_train = st['pct_train']
-        for h, saved in zip(self.opt.hypers, st['hypers'] or []): h.update(saved)
-        set_carried_state(self.model, st['carried'], device)
-        rec = getattr(self.learn, 'recorder', None)
-        if rec is not None: set_metric_states(rec._train_mets[1:], st['train_metrics'], device)
-
-    def _check_resumed_pass(self, saved:dict|None):
-        "Stop the fit, before it trains on it, if the pass its loader serves is not the rest of the interrupted one"
-        batch = self.resume_batch
-        differs = [] if saved is None or saved['batch'] == batch else [
-            f"the checkpoint's position is after batch {batch}, its loader had served {saved['batch']} batches"]
-        # the loader is held to where this fit starts the pass; the record, to where its position says
-        differs += resumed_pass_differs(self.dl, {**(saved or dict(n_batches=None, order=None)), 'batch': batch})
-        if differs: raise ResumeError("The resumed fit does not continue the interrupted pass: " + '; '.join(differs)
-                                      + ". It stops before training on it. Resume with the DataLoaders, batch size "
-                                      "and data of the run that wrote the checkpoint, from an unmodified checkpoint.")
-
-    def _silence(self):
-        "Keep the other callbacks out of the end of an epoch that a resumed fit skips"
-        # fastai's `SkipToEpoch` cancels the epoch and still sends `after_epoch` to every callback, with an empty
-        # Recorder row: fastai's trackers read it (IndexError), `SaveModelCallback(every_epoch=True)` saves the resumed
-        # model under the skipped epoch's name. This callback comes first in `after_cancel_epoch`, and silences the
-        # others until the next epoch starts.
-        self._silenced += [cb for cb in self.learn.cbs if cb is not self and cb.run]
-        for cb in self._silenced: cb.run = False
-
-    def _unsilence(self):
-        for cb in self._silenced: cb.run = True
-        self._silenced = []
-
-    @property
-    def _rank(self) -> tuple:
-        "The stream coordinate of this process's rank: none for rank 0 (a single process), or with `rank_streams` off"
-        return ('rank', rank_distrib()) if self.rank_streams and rank_distrib() else ()
-
-    def _barrier(self, epoch:int):
-        "Seed every generator, each DataLoader's included, from (seed, fit index, epoch) and the rank"
-        seed_global(derive_seed(self.seed, self.position.fit, epoch, *self._rank))
-        for i, dl in enumerate(self.dls.loaders):
-            dl.rng = random.Random(derive_seed(self.seed, self.position.fit, epoch, 'dl', i))
+        return inside_problem(self.learn, self.deterministic_data) if self.active and self.position.batch else None
 
     def _end_fit(self, status:str, notes:str|None=None):
         "Put back what the fit changed, and complete its record; also when it raised"
         if not self.active: return
-        self.active, self.inside, self.resume_batch, self._train_end = False, None, 0, None
-        self._unsilence()
-        if self._switches_before is not None: set_switches(self._switches_before); self._switches_before = None
-        if self._portable_before is not None: restore_portable(self._portable_before); self._portable_before = None
+        if self.plan is not None: self.plan.unsilence()  # None: the plan refused the fit
+        self.active, self.plan, self._train_end = False, None, None
+        self.switches.off()
         if self.deterministic_data: undo_deterministic(self.dls)
         self.trace.flush()
         self.record.end(self.learn, status, notes)
 
+# %% ../nbs/03_callback.ipynb #9e1a0aa7
+def repro_state(cb:ReproCB) -> dict:
+    "ReproCB's part of a checkpoint written now: where the run stands and what a fit that resumes it needs"
+    learn, rec = cb.learn, getattr(cb.learn, 'recorder', None)
+    res = dict(seed=cb.seed, position=cb.position.state_dict(learn), grad_present=grad_presence(learn.model),
+               recorder=recorder_state(rec) if rec is not None and hasattr(rec, 'lrs') else None,
+               trace=cb.trace.state_dict(), provenance=cb.provenance.state(), ledger_run=cb.record.run_id,
+               fastai_callbacks=fastai_callback_states(learn), world_size=world_size())
+    if not cb.deterministic_data: res['loader_orders'] = loader_orders(learn.dls)
+    if cb.position.batch: res['inside'] = inside_state(learn, cb._train_end, cb.deterministic_data and cb.active)
+    return res
+
 # %% ../nbs/03_callback.ipynb #017b5006
-def loader_orders(dls) -> list:
-    "The order of each loader of `dls` that reshuffles its previous order in place (fastai's `LMDataLoader`), else None"
-    return [loader_order(dl) for dl in dls.loaders]
-
-def set_loader_orders(dls, orders:list):
-    "Put back the orders `loader_orders` returned"
-    for dl, order in zip(dls.loaders, orders):
-        if order is not None: set_loader_order(dl, order)
-
 @checkpoint_summary('repro_cb')
 def _repro_summary(state:dict) -> dict:
     "What `checkpoint_info` shows of a `ReproCB` state"

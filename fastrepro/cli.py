@@ -193,7 +193,7 @@ def demo_command(args):
     with warnings.catch_warnings():
         # deprecation notices of fastai's own imports, not the user's to act on
         warnings.simplefilter('ignore', FutureWarning)
-        from fastrepro.demo import run_demo  # imports torch and fastai: only for this command
+        from fastrepro.demo.run import run_demo  # imports torch and fastai: only for this command
     return run_demo(args.profile, n_seeds=args.seeds, data=args.data, out=args.out, workers=args.workers)
 
 # %% ../nbs/14_cli.ipynb #3a627a64

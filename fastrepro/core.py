@@ -6,21 +6,17 @@ Docs: https://fastrepro.github.io/fastrepro/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #fcd7d090
 from __future__ import annotations
+import hashlib
 from fastai.basics import *
 from fastai.callback.schedule import LRFinder
 
 # %% auto #0
-__all__ = ['resume_epoch', 'resume_batch', 'in_lr_find', 'is_stateful', 'stateful_cbs', 'in_fit', 'distributed', 'world_size',
-           'all_gather', 'gather', 'any_rank']
+__all__ = ['resume_epoch', 'in_lr_find', 'is_stateful', 'stateful_cbs', 'digest', 'in_fit', 'training_fit']
 
 # %% ../nbs/00_core.ipynb #ef260262
 def resume_epoch(learn:Learner) -> int:
     "The epoch the running fit starts at: `start_epoch` when it resumes, 0 for a fresh fit."
     return max([cb._skip_to for cb in learn.cbs if isinstance(cb, SkipToEpoch)], default=0)
-
-def resume_batch(learn:Learner) -> int:
-    "The batches of the first epoch that the running fit skips: >0 when it resumes in the middle of that epoch"
-    return max([getattr(cb, 'resume_batch', 0) for cb in learn.cbs], default=0)
 
 # %% ../nbs/00_core.ipynb #b4b2adf3
 def in_lr_find(learn:Learner) -> bool:
@@ -35,6 +31,12 @@ def is_stateful(cb) -> bool:
 def stateful_cbs(learn:Learner) -> L:
     "The attached callbacks that carry state into checkpoints, sorted by name"
     return L(cb for cb in learn.cbs if is_stateful(cb)).sorted('name')
+
+# %% ../nbs/00_core.ipynb #7adf4ef7
+def digest(o, n:int|None=16) -> str:
+    "The sha256 of `o` (bytes and str as they are, anything else as its `repr`) in hex, its first `n` digits"
+    b = o if isinstance(o, bytes) else (o if isinstance(o, str) else repr(o)).encode()
+    return hashlib.sha256(b).hexdigest()[:n]
 
 # %% ../nbs/00_core.ipynb #721ad132
 # fastai's own `fit`: `@patch` keeps it as `_orig_fit`, so running this cell again (a notebook, another
@@ -67,34 +69,6 @@ def in_fit(learn:Learner) -> bool:
     "True inside `Learner.fit`; False in `validate`/`get_preds`, which also send `before_fit` to callbacks"
     return learn.__dict__.get('_repro_fit_depth', 0) > 0
 
-# %% ../nbs/00_core.ipynb #4cd69e04
-def distributed() -> bool:
-    "Is this process one of several, with their process group set up (so that they can exchange data)?"
-    return num_distrib() > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
-
-def world_size() -> int:
-    "How many processes train together (1 outside a distributed run)"
-    return max(num_distrib(), 1)
-
-def all_gather(obj) -> list:
-    "`obj` of every rank, in rank order, on every rank (`[obj]` in a single process)"
-    if not distributed(): return [obj]
-    res = [None]*num_distrib()
-    torch.distributed.all_gather_object(res, obj)
-    return res
-
-def gather(obj) -> list|None:
-    "`obj` of every rank, in rank order, on rank 0 (None on the others; `[obj]` in a single process)"
-    if not distributed(): return [obj]
-    res = [None]*num_distrib() if rank_distrib() == 0 else None
-    torch.distributed.gather_object(obj, res, dst=0)
-    return res
-
-def any_rank(*flags:bool) -> list:
-    "For each of `flags`: is it true on any rank? Every rank gets the same answers, from one all-reduce"
-    if not distributed(): return [bool(f) for f in flags]
-    nccl = torch.distributed.get_backend() == 'nccl'  # NCCL reduces GPU tensors only
-    t = torch.tensor([int(f) for f in flags],
-                     device=torch.device('cuda', torch.cuda.current_device()) if nccl else 'cpu')
-    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-    return [bool(v) for v in t.tolist()]
+def training_fit(learn:Learner) -> bool:
+    "True inside a fit that trains the learner: not `validate` or `get_preds`, not `lr_find`'s trial fit"
+    return in_fit(learn) and not in_lr_find(learn)

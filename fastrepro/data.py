@@ -13,18 +13,56 @@ import numpy as np, torch
 from torch.utils.data import get_worker_info
 from fastai.basics import *
 from fastai.data.load import DataLoader
-from .rng import derive_seed, NUMPY_SEED_MOD, _loaders, _order_holder
+from .rng import derive_seed, NUMPY_SEED_MOD
 
 # %% auto #0
-__all__ = ['SHUFFLE_STREAM', 'WORKER_STREAM', 'BATCH_STREAM', 'ITEMS_STREAM', 'ServedPass', 'DataStreams', 'data_streams',
-           'items_draw', 'steps_draw', 'make_deterministic', 'undo_deterministic', 'set_epoch', 'draw_order',
-           'pass_problem', 'pass_position', 'resumed_pass_differs']
+__all__ = ['SHUFFLE_STREAM', 'WORKER_STREAM', 'BATCH_STREAM', 'ITEMS_STREAM', 'loader_order', 'set_loader_order', 'loader_orders',
+           'set_loader_orders', 'ServedPass', 'DataStreams', 'data_streams', 'items_draw', 'steps_draw',
+           'make_deterministic', 'undo_deterministic', 'set_epoch', 'draw_order', 'pass_problem', 'pass_position',
+           'resumed_pass_differs']
 
 # %% ../nbs/05_data.ipynb #b34468fb
 SHUFFLE_STREAM = 'shuffle' # a pass's order: `dl.rng`, and the global generators until the order is drawn
 WORKER_STREAM = 'workers'  # the worker processes' base seed
 BATCH_STREAM = 'batch'     # batch `i` in the main process: `after_batch` and anything else that runs there
 ITEMS_STREAM = 'items'     # batch `i`'s items when seeding per batch (`per_item=False`)
+
+# %% ../nbs/05_data.ipynb #9497d08c
+def _loaders(dls) -> list:
+    "The DataLoaders of `dls` (a `DataLoaders`, one `DataLoader`, or a list of them)"
+    if dls is None: return []
+    if isinstance(dls, DataLoader): return [dls]
+    return list(getattr(dls, 'loaders', dls))
+
+def _order_holder(dl):
+    "The `ReindexCollection` whose order a loader reshuffles in place between epochs (fastai's `LMDataLoader`), if any"
+    items = dl.__dict__.get('items')
+    return items if hasattr(items, 'idxs') and hasattr(items, 'cache_clear') else None
+
+def loader_order(dl) -> Tensor|None:
+    "The order of a loader that reshuffles its previous order in place (fastai's `LMDataLoader`); None for others"
+    holder = _order_holder(dl)
+    return None if holder is None else torch.tensor(list(holder.idxs), dtype=torch.int64)
+
+def set_loader_order(dl, order:Tensor):
+    "Put back the order `loader_order` returned"
+    holder = _order_holder(dl)
+    if holder is None: return
+    if len(holder.idxs) != len(order):
+        raise ValueError(f"The saved order has {len(order)} items but this {type(dl).__name__} has {len(holder.idxs)}: "
+                         "the checkpoint belongs to other data. Rebuild the same DataLoaders.")
+    holder.idxs[:] = order.tolist()  # in place: `LMDataLoader.lens` shares this list
+    holder.cache_clear()
+    if hasattr(dl, 'make_chunks'): dl.make_chunks()
+
+def loader_orders(dls) -> list:
+    "The order of each loader of `dls` that reshuffles its previous order in place (fastai's `LMDataLoader`), else None"
+    return [loader_order(dl) for dl in _loaders(dls)]
+
+def set_loader_orders(dls, orders:list):
+    "Put back the orders `loader_orders` returned"
+    for dl, order in zip(_loaders(dls), orders):
+        if order is not None: set_loader_order(dl, order)
 
 # %% ../nbs/05_data.ipynb #310c7ea7
 def _as_epoch(epoch):

@@ -6,6 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/distrib.html.md"""
 
 # %% ../nbs/07_distrib.ipynb #b050f18e
 from __future__ import annotations
+import torch
 from fastai.basics import *
 from .core import *
 from .data import data_streams
@@ -13,7 +14,39 @@ try: from fastai.distributed import DistributedDL
 except (ImportError, NameError): DistributedDL = None  # fastai's distributed training needs Accelerate
 
 # %% auto #0
-__all__ = []
+__all__ = ['distributed', 'world_size', 'all_gather', 'gather', 'any_rank']
+
+# %% ../nbs/07_distrib.ipynb #4cd69e04
+def distributed() -> bool:
+    "Is this process one of several, with their process group set up (so that they can exchange data)?"
+    return num_distrib() > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
+
+def world_size() -> int:
+    "How many processes train together (1 outside a distributed run)"
+    return max(num_distrib(), 1)
+
+def all_gather(obj) -> list:
+    "`obj` of every rank, in rank order, on every rank (`[obj]` in a single process)"
+    if not distributed(): return [obj]
+    res = [None]*num_distrib()
+    torch.distributed.all_gather_object(res, obj)
+    return res
+
+def gather(obj) -> list|None:
+    "`obj` of every rank, in rank order, on rank 0 (None on the others; `[obj]` in a single process)"
+    if not distributed(): return [obj]
+    res = [None]*num_distrib() if rank_distrib() == 0 else None
+    torch.distributed.gather_object(obj, res, dst=0)
+    return res
+
+def any_rank(*flags:bool) -> list:
+    "For each of `flags`: is it true on any rank? Every rank gets the same answers, from one all-reduce"
+    if not distributed(): return [bool(f) for f in flags]
+    nccl = torch.distributed.get_backend() == 'nccl'  # NCCL reduces GPU tensors only
+    t = torch.tensor([int(f) for f in flags],
+                     device=torch.device('cuda', torch.cuda.current_device()) if nccl else 'cpu')
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return [bool(v) for v in t.tolist()]
 
 # %% ../nbs/07_distrib.ipynb #066907cd
 # fastai's own methods (`@patch` keeps them as `_orig_<name>`: importing this module twice does not wrap twice)

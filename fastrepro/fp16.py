@@ -16,13 +16,16 @@ from .core import *
 from .checkpoint import checkpoint_summary, checkpoint_upgrade
 
 # %% auto #0
-__all__ = ['ONEDNN_FP16_UNSUPPORTED', 'SYNC_EVERY', 'HISTORY_COLUMNS', 'amp_device_type', 'onednn_fp16_unsupported',
-           'onednn_enabled', 'set_onednn', 'history_frame', 'ReproMixedPrecision']
+__all__ = ['ONEDNN_FP16_UNSUPPORTED', 'SYNC_EVERY', 'HISTORY_SCHEMA', 'HISTORY_COLUMNS', 'amp_device_type',
+           'onednn_fp16_unsupported', 'onednn_enabled', 'set_onednn', 'history_frame', 'ReproMixedPrecision']
 
 # %% ../nbs/06_fp16.ipynb #fd7e97cc
 ONEDNN_FP16_UNSUPPORTED = (nn.LSTM,)  # layers oneDNN cannot run under CPU float16 autocast (measured, torch 2.x)
 SYNC_EVERY = 1024  # the recorded scale tensors move to Python at least every N steps (one device sync each time)
-HISTORY_COLUMNS = ('fit', 'epoch', 'iter', 'scale', 'skipped', 'scale_after', 'growth_tracker', 'scaled')
+# the loss-scale history: its columns, in order, and the dtype of each in a checkpoint (one tensor per column)
+HISTORY_SCHEMA = dict(fit=torch.int64, epoch=torch.int64, iter=torch.int64, scale=torch.float32, skipped=torch.bool,
+                      scale_after=torch.float32, growth_tracker=torch.int64, scaled=torch.bool)
+HISTORY_COLUMNS = tuple(HISTORY_SCHEMA)
 
 # %% ../nbs/06_fp16.ipynb #afec5c17
 def amp_device_type(learn:Learner) -> str:
@@ -46,9 +49,8 @@ def set_onednn(enabled:bool):
     torch._C._set_mkldnn_enabled(enabled)
 
 # %% ../nbs/06_fp16.ipynb #181069f4
-_Row = namedtuple('_Row', 'fit epoch iter scale skipped scale_after growth_tracker scaled')
-_DTYPES = dict(fit=torch.int64, epoch=torch.int64, iter=torch.int64, scale=torch.float32, skipped=torch.bool,
-               scale_after=torch.float32, growth_tracker=torch.int64, scaled=torch.bool)
+_Row = namedtuple('_Row', HISTORY_COLUMNS)
+_FRAME_DTYPES = {torch.int64: 'int64', torch.float32: 'float64', torch.bool: 'bool'}  # a column's dtype in `history`
 
 def _empty_history() -> dict: return {c: [] for c in HISTORY_COLUMNS}
 
@@ -59,19 +61,18 @@ def _flush_rows(rows:list, hist:dict):
     trackers = iter(torch.stack([r.growth_tracker for r in scaled]).tolist()) if scaled else None
     for r in rows:
         s, sa, gt = (next(scales), next(scales), next(trackers)) if r.scaled else (1.0, 1.0, 0)
-        for c, v in zip(HISTORY_COLUMNS, (r.fit, r.epoch, r.iter, s, bool(r.skipped), sa, int(gt), bool(r.scaled))):
-            hist[c].append(v)
+        row = r._replace(scale=s, skipped=bool(r.skipped), scale_after=sa, growth_tracker=int(gt),
+                         scaled=bool(r.scaled))
+        for c, v in zip(HISTORY_COLUMNS, row): hist[c].append(v)
 
 def history_frame(hist:dict) -> pd.DataFrame:
     "The loss-scale history `hist` (columns of Python values or tensors) as a DataFrame"
-    hist = {c: (v.tolist() if isinstance(v, Tensor) else list(v)) for c, v in hist.items()}
-    dt = dict(fit='int64', epoch='int64', iter='int64', scale='float64', skipped='bool', scale_after='float64',
-              growth_tracker='int64', scaled='bool')
-    return pd.DataFrame({c: pd.Series(hist[c], dtype=dt[c]) for c in HISTORY_COLUMNS})
+    return pd.DataFrame({c: pd.Series(_column_list(hist[c]), dtype=_FRAME_DTYPES[t])
+                         for c, t in HISTORY_SCHEMA.items()})
 
-def _hist_to_tensors(hist:dict) -> dict: return {c: torch.tensor(hist[c], dtype=_DTYPES[c]) for c in HISTORY_COLUMNS}
-def _hist_to_lists(hist:dict) -> dict:
-    return {c: (hist[c].tolist() if isinstance(hist[c], Tensor) else list(hist[c])) for c in HISTORY_COLUMNS}
+def _column_list(v) -> list: return v.tolist() if isinstance(v, Tensor) else list(v)
+def _hist_to_tensors(hist:dict) -> dict: return {c: torch.tensor(hist[c], dtype=t) for c, t in HISTORY_SCHEMA.items()}
+def _hist_to_lists(hist:dict) -> dict: return {c: _column_list(hist[c]) for c in HISTORY_COLUMNS}
 
 # %% ../nbs/06_fp16.ipynb #de8fce94
 _STATE_KEYS = ('amp_mode', 'scaler', 'n_fits', 'iter', 'epoch_end_iter', 'history')  # what `state_dict` returns
@@ -106,7 +107,7 @@ class ReproMixedPrecision(MixedPrecision):
         self.device_type = dev
         off = self.disable_onednn if self.disable_onednn is not None else bool(onednn_fp16_unsupported(self.model))
         self._onednn_off = dev == 'cpu' and self.autocast.fast_dtype == torch.float16 and off
-        self._active = in_fit(self.learn) and not in_lr_find(self.learn)
+        self._active = training_fit(self.learn)
         if self._active: self._start_fit()
 
     def before_batch(self):
@@ -223,11 +224,12 @@ class ReproMixedPrecision(MixedPrecision):
     def _start_fit(self):
         "Take the pending state: resume the saved fit, or start a fresh one"
         start, st, self.pending = resume_epoch(self.learn), self.pending, None
-        if start > 0 or resume_batch(self.learn):
+        plan = getattr(getattr(self.learn, 'repro_cb', None), 'plan', None)  # ReproCB's, for the running fit
+        resumes, inside = (plan.resumes, plan.batch > 0) if plan is not None else (start > 0, False)
+        if resumes:
             # the scaler fastai just built is not ours to resume
             st = st if st is not None else self._own_state(live=False)
-            if st['n_fits'] > 0:
-                return self._resume(st, st['iter'] if resume_batch(self.learn) else st['epoch_end_iter'])
+            if st['n_fits'] > 0: return self._resume(st, st['iter'] if inside else st['epoch_end_iter'])
             warnings.warn(f"This fit resumes at epoch {start}, but no loss-scale state was loaded: the GradScaler "
                           "restarts at its initial scale, so the run will not match the uninterrupted one. Attach the "
                           "callback before `learn.load` of a fastrepro checkpoint.")

@@ -9,9 +9,9 @@ from __future__ import annotations
 import os, sys, time, shutil, signal, itertools, threading, warnings
 from fastai.basics import *
 from .core import *
-from .checkpoint import checkpoint_info, checkpoint_summary, TMP_PREFIX
-from .callback import ReproCB, ResumeError, set_recorder_state
-from .provenance import git_info
+from .distrib import any_rank
+from .checkpoint import checkpoint_info, checkpoint_summary, ResumeError, TMP_PREFIX
+from .callback import ReproCB
 
 # %% auto #0
 __all__ = ['PREEMPT_SIGNALS', 'SIGNAL_EXIT_BASE', 'CheckpointCB']
@@ -55,7 +55,7 @@ class CheckpointCB(Callback):
         self.active, self._handlers, self._last, self._told = False, {}, 0., False
 
     def before_fit(self):
-        self.active = in_fit(self.learn) and not in_lr_find(self.learn)
+        self.active = training_fit(self.learn)
         if not self.active: return
         if not isinstance(getattr(self.learn, 'repro_cb', None), ReproCB):
             raise ValueError("CheckpointCB needs ReproCB attached to the learner: without it a checkpoint inside "
@@ -112,9 +112,7 @@ class CheckpointCB(Callback):
         if done.exists():
             self._check(checkpoint_info(done), n_epoch)
             self.learn.load(done.stem, with_opt=self.with_opt)
-            repro = self.learn.repro_cb  # the Recorder shows the fit, as after a fit
-            if repro.pending['recorder'] is not None:
-                set_recorder_state(self.learn.recorder, repro.pending['recorder'], 'cpu')
+            self.learn.repro_cb.show_loaded_fit()  # the Recorder shows the fit, as after a fit
             _tell(f"fastrepro: fit {n} ({n_epoch} epochs) was completed by an earlier run; "
                   f"its end state is loaded from {done}.")
             return None
@@ -134,7 +132,7 @@ class CheckpointCB(Callback):
 
     def _check(self, info:dict, n_epoch:int):
         "Refuse to continue a checkpoint that other code or another fit call wrote"
-        git = git_info(self.learn.repro_cb.repo_path or '.')
+        git = self.learn.repro_cb.provenance.git_now()
         saved = info.get('git') or {}
         if (saved.get('commit'), saved.get('diff_hash')) != (git['commit'], git['diff_hash']):
             raise ResumeError(f"{info['path']} was written by other code (commit {saved.get('commit')}, patch "

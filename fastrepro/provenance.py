@@ -12,8 +12,9 @@ import git, numpy as np, torch, fastai, fastcore
 from pathlib import Path
 from fastcore.basics import *
 import fastrepro
-from .rng import deterministic_switches, mkl_cbwr, torch_mkl, cpuinfo
-from .core import all_gather
+from .kernels import deterministic_switches, mkl_cbwr, torch_mkl, cpuinfo
+from .core import digest
+from .distrib import all_gather
 
 # %% auto #0
 __all__ = ['MAX_FILES_SHOWN', 'RACY_SECONDS', 'BIT_IDENTITY_FIELDS', 'PATCH_ZLIB_LEVEL', 'DirtyTreeError', 'ProvenanceWarning',
@@ -142,7 +143,7 @@ def _inspect(path:Path) -> tuple:
         remotes = _remotes(repo)
         return dict(is_repo=True, root=str(repo.working_tree_dir), commit=st['commit'], branch=st['branch'],
                     remotes=remotes, remote_url=remotes.get('origin', first(remotes.values())), dirty=patch is not None,
-                    **changes, diff_hash=None if patch is None else hashlib.sha256(patch).hexdigest()), patch
+                    **changes, diff_hash=None if patch is None else digest(patch, None)), patch
 
 def _git_state(path) -> tuple:
     "`_inspect(path)`, warning once when `path` is not in a repository"
@@ -203,12 +204,10 @@ def installed_packages() -> tuple:
     return tuple(sorted({f"{_dist_name(d.metadata['Name'])}=={d.version}" for d in importlib_metadata.distributions()
                          if d.metadata['Name']}))
 
-def _sha256(text:str) -> str: return hashlib.sha256(text.encode()).hexdigest()
-
 @functools.cache
 def packages_hash() -> str:
     "sha256 of `installed_packages` (cached: installing packages during a process is not seen)"
-    return _sha256('\n'.join(installed_packages()))
+    return digest('\n'.join(installed_packages()), None)
 
 # %% ../nbs/10_provenance.ipynb #e06bc537
 def _cpu_model() -> str:
@@ -250,7 +249,7 @@ def environment_info() -> dict:
      "bit-identity")
     info = dict(copy.deepcopy(_static_info()), num_threads=torch.get_num_threads(), switches=numeric_switches(),
                 cpu_kernels=cpu_kernels())
-    info['env_hash'] = _sha256(json.dumps({k: info[k] for k in BIT_IDENTITY_FIELDS}, sort_keys=True, default=str))
+    info['env_hash'] = digest(json.dumps({k: info[k] for k in BIT_IDENTITY_FIELDS}, sort_keys=True, default=str), None)
     return info
 
 # %% ../nbs/10_provenance.ipynb #5583cad5

@@ -1,4 +1,4 @@
-"""Seed every generator, flip every deterministic switch in one place, and capture or restore every generator *state*, fastai `DataLoader`s included.
+"""Seed every generator and capture or restore every generator *state*, in a form a `weights_only` checkpoint holds.
 
 Docs: https://fastrepro.github.io/fastrepro/rng.html.md"""
 
@@ -6,20 +6,13 @@ Docs: https://fastrepro.github.io/fastrepro/rng.html.md"""
 
 # %% ../nbs/01_rng.ipynb #69637985
 from __future__ import annotations
-import os, random, ctypes, hashlib, warnings, functools
+import random, hashlib, warnings
 import numpy as np, torch
-from .portable import (DETERMINISTIC_ENV, PORTABLE_ISA, PORTABLE_THREADS, PORTABLE_THREADS_VAR, LAUNCHER,
-                                portable_env)
 from fastai.basics import *
-from fastai.data.load import DataLoader
+from .kernels import set_deterministic, set_portable, deterministic_switches
 
 # %% auto #0
-__all__ = ['SEED_BITS', 'NUMPY_SEED_MOD', 'CUBLAS_WORKSPACE', 'FILL_UNINITIALIZED', 'MKL_CBWR_ALL', 'MKL_CBWR_STRICT',
-           'MKL_CBWR_CHANGE_FAILED', 'MKL_CBWR_BRANCHES', 'ATEN_ISA_FLAGS', 'derive_seed', 'seed_global', 'torch_mkl',
-           'mkl_cbwr', 'set_mkl_reproducible', 'set_mkl_cbwr', 'deterministic_switches', 'set_switches',
-           'set_deterministic', 'portable_threads', 'portable_problems', 'set_portable', 'restore_portable',
-           'same_kernels_env', 'cpuinfo', 'cpu_runs', 'take_kernels', 'seed_everything', 'loader_order',
-           'set_loader_order', 'loader_state', 'set_loader_state', 'rng_states', 'restore_rng_states']
+__all__ = ['SEED_BITS', 'NUMPY_SEED_MOD', 'derive_seed', 'seed_global', 'seed_everything', 'rng_states', 'restore_rng_states']
 
 # %% ../nbs/01_rng.ipynb #bd454b04
 SEED_BITS = 63       # derived seeds are non-negative and fit torch's int64 seed
@@ -33,205 +26,11 @@ def derive_seed(seed:int, # the run seed
     return int.from_bytes(h, 'little') >> (64-SEED_BITS)
 
 # %% ../nbs/01_rng.ipynb #35b1b271
-CUBLAS_WORKSPACE = ':4096:8'  # the cuBLAS workspace setting PyTorch documents for deterministic results
-# `use_deterministic_algorithms(True)` also fills every uninitialised tensor with NaN. A correct program never reads
-# that memory, so its results do not depend on it; the fill costs 2-9% of a step here (bench/RESULTS.md, item 7).
-FILL_UNINITIALIZED = False
-
 def seed_global(seed:int):
     "Seed Python's `random`, NumPy's global generator, torch's CPU generator and every CUDA device"
     random.seed(seed)
     np.random.seed(seed % NUMPY_SEED_MOD)
     torch.manual_seed(seed)  # also seeds every CUDA device (lazily when CUDA is not initialised yet)
-
-# %% ../nbs/01_rng.ipynb #6d4e1dd1
-MKL_CBWR_ALL = -1  # `mkl_cbwr_get`'s query for the whole setting (branch and the STRICT flag)
-MKL_CBWR_STRICT = 0x10000
-MKL_CBWR_CHANGE_FAILED = -8  # `mkl_cbwr_set`'s answer once MKL has run
-MKL_CBWR_BRANCHES = {1: 'OFF', 2: 'AUTO', 3: 'COMPATIBLE', 4: 'SSE2', 6: 'SSSE3', 7: 'SSE4_1', 8: 'SSE4_2', 9: 'AVX',
-                     10: 'AVX2', 11: 'AVX512_MIC', 12: 'AVX512', 13: 'AVX512_MIC_E1', 14: 'AVX512_E1'}  # mkl_service.h
-
-@functools.cache
-def torch_mkl():
-    "torch's statically linked MKL service functions (`ctypes`), or None where torch has no MKL"
-    for lib in sorted((Path(torch.__file__).parent/'lib').glob('libtorch_cpu.*')):
-        try: mkl = ctypes.CDLL(str(lib))
-        except OSError: continue
-        if hasattr(mkl, 'mkl_serv_cbwr_set') and hasattr(mkl, 'mkl_serv_set_dynamic'): return mkl
-    return None
-
-@functools.cache
-def _omp():
-    "The OpenMP runtime torch runs on (`ctypes`), or None"
-    omp = ctypes.CDLL(None)
-    return omp if hasattr(omp, 'omp_set_dynamic') else None
-
-def mkl_cbwr() -> str|None:
-    "MKL's conditional numerical reproducibility in force: 'OFF', 'AUTO', 'COMPATIBLE', ... (None: no MKL)"
-    if torch_mkl() is None: return None
-    v = torch_mkl().mkl_serv_cbwr_get(MKL_CBWR_ALL)
-    name = MKL_CBWR_BRANCHES.get(v & ~MKL_CBWR_STRICT, str(v & ~MKL_CBWR_STRICT))
-    return name + (',STRICT' if v & MKL_CBWR_STRICT else '')
-
-_warned = set()  # the too-late warnings already given in this process: each is said once
-def _warn_once(key:str, msg:str):
-    if key in _warned: return
-    _warned.add(key)
-    warnings.warn(msg, stacklevel=3)
-
-def set_mkl_reproducible():
-    "Switch MKL's CNR to `DETERMINISTIC_ENV`'s `AUTO` unless the environment chose a mode (warns once when too late)"
-    if 'MKL_CBWR' not in os.environ and mkl_cbwr() == 'OFF': set_mkl_cbwr(DETERMINISTIC_ENV['MKL_CBWR'])
-
-def set_mkl_cbwr(mode:str) -> bool:
-    "Switch MKL's CNR to `mode` ('AUTO', 'COMPATIBLE'); False (and a warning, once) when MKL has run already"
-    if torch_mkl() is None or mkl_cbwr() == mode: return True
-    code = {v: k for k, v in MKL_CBWR_BRANCHES.items()}[mode]
-    rc = torch_mkl().mkl_serv_cbwr_set(code)
-    if rc == 0: return True
-    if rc != MKL_CBWR_CHANGE_FAILED:
-        raise ValueError(f"MKL refused MKL_CBWR={mode} (error {rc}): use 'AUTO' or 'COMPATIBLE'.")
-    _warn_once(f'MKL_CBWR={mode}', f"MKL ran before fastrepro could set MKL_CBWR={mode} (it is {mkl_cbwr()}), so its "
-               f"results may differ between runs or machines in this process. Export MKL_CBWR={mode} before starting "
-               "Python, or call seed_everything before any training.")
-    return False
-
-# %% ../nbs/01_rng.ipynb #9c381c07
-def deterministic_switches() -> dict:
-    "The deterministic switches in force now"
-    mkl, omp = torch_mkl(), _omp()
-    return dict(cudnn_deterministic=torch.backends.cudnn.deterministic,
-                cudnn_benchmark=torch.backends.cudnn.benchmark,
-                deterministic_algorithms=torch.are_deterministic_algorithms_enabled(),
-                deterministic_warn_only=torch.is_deterministic_algorithms_warn_only_enabled(),
-                fill_uninitialized_memory=torch.utils.deterministic.fill_uninitialized_memory,
-                cublas_workspace_config=os.environ.get('CUBLAS_WORKSPACE_CONFIG'),
-                mkl_dynamic=None if mkl is None else bool(mkl.mkl_serv_get_dynamic()),
-                omp_dynamic=None if omp is None else bool(omp.omp_get_dynamic()),
-                mkldnn=torch.backends.mkldnn.enabled,
-                nnpack=torch._C._get_nnpack_enabled())
-
-# %% ../nbs/01_rng.ipynb #e6794c7e
-def set_switches(switches:dict):
-    "Put the deterministic switches as `switches` says (the output of `deterministic_switches`)"
-    torch.backends.cudnn.deterministic = switches['cudnn_deterministic']
-    torch.backends.cudnn.benchmark = switches['cudnn_benchmark']
-    torch.use_deterministic_algorithms(switches['deterministic_algorithms'],
-                                       warn_only=switches['deterministic_warn_only'])
-    if 'fill_uninitialized_memory' in switches:
-        torch.utils.deterministic.fill_uninitialized_memory = switches['fill_uninitialized_memory']
-    cfg = switches.get('cublas_workspace_config')
-    if cfg is None: os.environ.pop('CUBLAS_WORKSPACE_CONFIG', None)
-    else: os.environ['CUBLAS_WORKSPACE_CONFIG'] = cfg
-    mkl, omp = torch_mkl(), _omp()
-    if switches.get('mkl_dynamic') is not None and mkl: mkl.mkl_serv_set_dynamic(int(switches['mkl_dynamic']))
-    if switches.get('omp_dynamic') is not None and omp: omp.omp_set_dynamic(int(switches['omp_dynamic']))
-    if 'mkldnn' in switches: torch.backends.mkldnn.enabled = switches['mkldnn']
-    if 'nnpack' in switches: torch._C._set_nnpack_enabled(switches['nnpack'])
-
-# %% ../nbs/01_rng.ipynb #471dfb22
-def set_deterministic(
-    deterministic:bool=True, # switch determinism on (True) or leave PyTorch's fast defaults (False)
-    warn_only:bool=False, # with `deterministic`, warn instead of raising on nondeterministic ops
-    fill_uninitialized:bool=FILL_UNINITIALIZED, # also NaN-fill `torch.empty` (finds reads of unwritten memory; slow)
-) -> dict:
-    "Flip every deterministic switch; returns the switches as they were before"
-    before = deterministic_switches()
-    if deterministic and 'CUBLAS_WORKSPACE_CONFIG' not in os.environ:
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            warnings.warn("CUDA was initialised before CUBLAS_WORKSPACE_CONFIG was set, so cuBLAS may pick "
-                          "nondeterministic algorithms in this process. Call `seed_everything` before any CUDA work, "
-                          f"or export CUBLAS_WORKSPACE_CONFIG={CUBLAS_WORKSPACE} before starting Python.")
-        os.environ['CUBLAS_WORKSPACE_CONFIG'] = CUBLAS_WORKSPACE
-    if deterministic: set_mkl_reproducible()
-    off_unless_exported = lambda var, now: False if deterministic and var not in os.environ else now
-    set_switches(dict(before, cudnn_deterministic=deterministic,
-                      cudnn_benchmark=False if deterministic else before['cudnn_benchmark'],
-                      deterministic_algorithms=deterministic, deterministic_warn_only=warn_only and deterministic,
-                      fill_uninitialized_memory=fill_uninitialized and deterministic,
-                      cublas_workspace_config=os.environ.get('CUBLAS_WORKSPACE_CONFIG'),
-                      mkl_dynamic=off_unless_exported('MKL_DYNAMIC', before['mkl_dynamic']),
-                      omp_dynamic=off_unless_exported('OMP_DYNAMIC', before['omp_dynamic'])))
-    return before
-
-# %% ../nbs/01_rng.ipynb #71928f79
-def portable_threads() -> int:
-    "The thread count of a portable run: the launcher's `--threads`, else `PORTABLE_THREADS`"
-    return int(os.environ.get(PORTABLE_THREADS_VAR, PORTABLE_THREADS))
-
-def portable_problems(threads:int|None=None, # the portable thread count (default `portable_threads()`)
-                     ) -> dict:
-    "What is not pinned to portable kernels in this process, as {what: why}; empty when everything is"
-    threads, res = threads or portable_threads(), {}
-    cap = torch.backends.cpu.get_cpu_capability()
-    if cap != 'DEFAULT':
-        res['ATEN_CPU_CAPABILITY'] = f"torch runs its {cap} kernels: ATEN_CPU_CAPABILITY=default came too late"
-    if torch_mkl() is not None and mkl_cbwr() != 'COMPATIBLE':
-        res['MKL_CBWR'] = f"MKL runs its {mkl_cbwr()} code path: MKL_CBWR=COMPATIBLE was not set before its first call"
-    if torch.backends.mkldnn.enabled: res['mkldnn'] = "oneDNN is on and picks its kernels by instruction set"
-    if torch._C._get_nnpack_enabled(): res['nnpack'] = "NNPACK is on and picks its kernels by instruction set"
-    if torch.get_num_threads() != threads:
-        res['threads'] = f"torch runs {torch.get_num_threads()} threads, not {threads}: reductions split by thread"
-    sw = deterministic_switches()
-    if sw['mkl_dynamic'] or sw['omp_dynamic']: res['dynamic threads'] = "MKL or OpenMP may run a call on fewer threads"
-    return res
-
-def set_portable(threads:int|None=None, # the fixed thread count (default `portable_threads()`)
-                ) -> dict:
-    "Pin every CPU library to portable kernels as far as this process still allows; what it was, for `restore_portable`"
-    threads = threads or portable_threads()
-    before = dict(switches=deterministic_switches(), num_threads=torch.get_num_threads(),
-                  environ={k: os.environ.get(k) for k in portable_env(threads)})
-    os.environ.update(portable_env(threads))  # for the libraries not started yet, and for child processes
-    set_mkl_cbwr(PORTABLE_ISA['MKL_CBWR'])
-    set_switches(dict(before['switches'], mkldnn=False, nnpack=False, mkl_dynamic=False, omp_dynamic=False))
-    torch.set_num_threads(threads)
-    left = portable_problems(threads)
-    if left: _warn_once('portable:' + ','.join(left), "Not portable in this process: " + '; '.join(left.values()) +
-                        f". Start it with the launcher: {LAUNCHER} --threads {threads} script.py (or -m module).")
-    return before
-
-def restore_portable(before:dict):
-    "Put back what `set_portable` changed (the kernel choices libraries already made stay)"
-    for k, v in before['environ'].items():  # first: MKL reads MKL_DYNAMIC when it starts, which may be now
-        if v is None: os.environ.pop(k, None)
-        else: os.environ[k] = v
-    torch.set_num_threads(before['num_threads'])  # before the switches: it also switches MKL's dynamic threading off
-    set_switches(before['switches'])
-
-# %% ../nbs/01_rng.ipynb #5c220430
-def same_kernels_env() -> dict:
-    "The environment that makes a new process pick this one's CPU kernels: torch's instruction set and MKL's code path"
-    set_mkl_reproducible()  # CNR `AUTO` here too, unless MKL ran already or the environment chose a mode
-    # torch's instruction set: this process's (chosen now if no kernel ran yet)
-    env = {'ATEN_CPU_CAPABILITY': torch.backends.cpu.get_cpu_capability().lower()}
-    mode = mkl_cbwr()
-    if mode is not None: env['MKL_CBWR'] = '' if mode == 'OFF' else mode
-    return env
-
-# the CPU flags torch's own choice of its kernels checks (through cpuinfo); a variable that names them is not checked
-ATEN_ISA_FLAGS = {'default': set(), 'avx2': {'avx2', 'fma'}, 'avx512': {'avx512vl', 'avx512bw', 'avx512dq', 'fma'}}
-
-@functools.cache
-def cpuinfo(field:str) -> str|None:
-    "The first `field` of Linux's /proc/cpuinfo ('model name', 'flags'), or None where there is none"
-    try:
-        for line in Path('/proc/cpuinfo').read_text().splitlines():
-            if line.split(':', 1)[0].strip() == field: return line.split(':', 1)[1].strip()
-    except OSError: pass
-    return None
-
-def cpu_runs(isa:str) -> bool:
-    "Can this CPU run torch's kernels for `isa`, an `ATEN_CPU_CAPABILITY` value? (unknown ones: no)"
-    return isa in ATEN_ISA_FLAGS and ATEN_ISA_FLAGS[isa] <= set((cpuinfo('flags') or '').split())
-
-def take_kernels(env:dict, # `same_kernels_env()` of the process to compute like
-                ) -> dict:
-    "Pick the kernels of `env` where this process has not picked its own yet; what differs, {variable: (here, there)}"
-    runnable = {k: v for k, v in env.items() if k != 'ATEN_CPU_CAPABILITY' or cpu_runs(v)}  # else: illegal instructions
-    os.environ.update(runnable)  # torch reads its variable at its first kernel, MKL at its first call
-    here = same_kernels_env()
-    return {k: (here.get(k), v) for k, v in env.items() if here.get(k) != v}
 
 # %% ../nbs/01_rng.ipynb #3a692011
 def seed_everything(seed:int, # seed for every generator
@@ -288,57 +87,15 @@ def _set_torch_state(st, gen=torch.default_generator):
         st = torch.from_numpy(np.concatenate([b[:_TORCH_MT_START], words, b[mid:]]))
     gen.set_state(st)
 
-# %% ../nbs/01_rng.ipynb #e5c2eda1
-def _order_holder(dl):
-    "The `ReindexCollection` whose order a loader reshuffles in place between epochs (fastai's `LMDataLoader`), if any"
-    items = dl.__dict__.get('items')
-    return items if hasattr(items, 'idxs') and hasattr(items, 'cache_clear') else None
-
-def loader_order(dl) -> Tensor|None:
-    "The order of a loader that reshuffles its previous order in place (fastai's `LMDataLoader`); None for others"
-    holder = _order_holder(dl)
-    return None if holder is None else torch.tensor(list(holder.idxs), dtype=torch.int64)
-
-def set_loader_order(dl, order:Tensor):
-    "Put back the order `loader_order` returned"
-    holder = _order_holder(dl)
-    if holder is None: return
-    if len(holder.idxs) != len(order):
-        raise ValueError(f"The saved order has {len(order)} items but this {type(dl).__name__} has {len(holder.idxs)}: "
-                         "the checkpoint belongs to other data. Rebuild the same DataLoaders.")
-    holder.idxs[:] = order.tolist()  # in place: `LMDataLoader.lens` shares this list
-    holder.cache_clear()
-    if hasattr(dl, 'make_chunks'): dl.make_chunks()
-
-def loader_state(dl) -> dict:
-    "The state of `dl`'s own generator, and its order when it keeps one"
-    order = loader_order(dl)
-    return {'rng': _py_state(dl.rng), **({} if order is None else {'order': order})}
-
-def set_loader_state(dl, d:dict):
-    "Restore `dl`'s own generator and order from `d` (from `loader_state`)"
-    _set_py_state(d['rng'], dl.rng)
-    if 'order' in d: set_loader_order(dl, d['order'])
-
-# %% ../nbs/01_rng.ipynb #91369178
-def _loaders(dls) -> list:
-    "The DataLoaders of `dls` (a `DataLoaders`, one `DataLoader`, or a list of them)"
-    if dls is None: return []
-    if isinstance(dls, DataLoader): return [dls]
-    return list(getattr(dls, 'loaders', dls))
-
 # %% ../nbs/01_rng.ipynb #5346b1e7
-def rng_states(dls=None, # `DataLoaders` (or DataLoader(s)) whose own generators and order states to include
-              ) -> dict:
-    "Every generator state: Python, NumPy, torch CPU, every CUDA device and, with `dls`, each DataLoader's own"
+def rng_states() -> dict:
+    "Every global generator state: Python, NumPy, torch CPU and every CUDA device"
     res = {'python': _py_state(), 'numpy': _np_state(), 'torch': _torch_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized(): res['cuda'] = torch.cuda.get_rng_state_all()
-    if dls is not None: res['loaders'] = [loader_state(dl) for dl in _loaders(dls)]
     return res
 
 # %% ../nbs/01_rng.ipynb #b27fd0a5
 def restore_rng_states(states:dict, # from `rng_states`, possibly through `torch.save`/`torch.load(weights_only=True)`
-                       dls=None, # the same `DataLoaders` (rebuilt the same way) to restore each loader's state into
                       ):
     "Restore every generator state captured by `rng_states`"
     _set_py_state(states['python'])
@@ -350,9 +107,3 @@ def restore_rng_states(states:dict, # from `rng_states`, possibly through `torch
                           f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}: CUDA generators are not "
                           "restored, so GPU random numbers will differ from the saved run.")
         else: torch.cuda.set_rng_state_all(states['cuda'])
-    if dls is not None and 'loaders' in states:
-        loaders = _loaders(dls)
-        if len(loaders) != len(states['loaders']):
-            raise ValueError(f"The saved states hold {len(states['loaders'])} DataLoaders but {len(loaders)} were "
-                             "given: pass the same `dls` (train, valid, ...) that were captured.")
-        for dl, d in zip(loaders, states['loaders']): set_loader_state(dl, d)

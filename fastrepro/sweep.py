@@ -25,7 +25,8 @@ def pinned(seed:int, # seeds every generator (`seed_everything`)
           ):
     "Run the block with torch's thread count, every generator and the deterministic switches set for `seed`"
     import torch  # only when a run is pinned: `repeat`'s caller may never import torch
-    from fastrepro.rng import seed_everything, deterministic_switches, set_switches, rng_states, restore_rng_states
+    from fastrepro.rng import seed_everything, rng_states, restore_rng_states
+    from fastrepro.kernels import deterministic_switches, set_switches
     before = torch.get_num_threads(), deterministic_switches(), rng_states()
     torch.set_num_threads(threads)
     seed_everything(seed, deterministic)
@@ -76,7 +77,7 @@ def _run_seed(train_fn, seed:int, threads:int, deterministic:bool, with_env:bool
     with _SEED_LOCK:
         unlike = {}
         if kernels:
-            from fastrepro.rng import take_kernels  # imports torch: only in a worker
+            from fastrepro.kernels import take_kernels  # imports torch: only in a worker
             unlike = take_kernels(kernels)  # before `pinned`, whose switches would pick MKL's code path
         with pinned(seed, threads, deterministic): return dict(_train_pinned(train_fn, seed, with_env), kernels=unlike)
 
@@ -203,7 +204,7 @@ def repeat(train_fn, # called as `train_fn(seed)`, returns a dict of final metri
                        f"running {[s for s in seeds if s not in rows] or 'nothing'}.")
     kernels = None
     if executor is not None:
-        from fastrepro.rng import same_kernels_env
+        from fastrepro.kernels import same_kernels_env
         kernels = same_kernels_env()  # a seed's bits depend on them: the workers take this process's
     job = partial(_run_seed, train_fn, threads=threads or torch.get_num_threads(), deterministic=deterministic,
                   with_env=ledger is not None, sweep_id=uuid.uuid4().hex, kernels=kernels)

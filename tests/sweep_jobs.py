@@ -2,7 +2,7 @@
 import os, time, pickle, signal, hashlib, functools
 from pathlib import Path
 
-PROFILE = 'test'  # fastrepro.ulmfit's smallest profile: 120 short reviews, a 2-layer AWD-LSTM of 64 units
+PROFILE = 'test'  # fastrepro.demo.ulmfit's smallest profile: 120 short reviews, a 2-layer AWD-LSTM of 64 units
 EPOCHS = 1
 KILL_AT_ITER = 3  # the training iteration at which the victim seed's process is killed
 
@@ -32,7 +32,7 @@ def _classifier_data() -> bytes:
     "The classifier's DataLoaders on the IMDB sample with the language model's vocabulary, pickled: built once per "
     "process (under seed 0, so the same in every process), and each seed trains on a fresh copy"
     from fastrepro.rng import seed_everything
-    from fastrepro.ulmfit import imdb_sample_df, lm_dls, clas_dls
+    from fastrepro.demo.ulmfit import imdb_sample_df, lm_dls, clas_dls
     df = imdb_sample_df(PROFILE)
     seed_everything(0)
     vocab = lm_dls(df, PROFILE).vocab  # fastai tokenizes with a process pool: not in a daemonic process
@@ -55,7 +55,7 @@ def train_classifier(seed:int, out:str, kill_seed:int|None=None) -> dict:
     from fastai.text.all import Callback
     from fastrepro.callback import ReproCB
     from fastrepro.rng import seed_everything
-    from fastrepro.ulmfit import clas_learner
+    from fastrepro.demo.ulmfit import clas_learner
     marker = Path(out)/'killed'
     class KillAt(Callback):
         def after_batch(self):

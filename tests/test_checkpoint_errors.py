@@ -1,7 +1,8 @@
 """Bad checkpoints get a precise error, never a silent wrong resume: another vocabulary of the same size (which
 would load and silently scramble the embeddings), another architecture, a truncated file."""
 import pytest, torch
-from fastrepro.all import (ReproCB, seed_everything, imdb_sample_df, lm_dls, clas_dls, clas_learner, CheckpointError)
+from fastrepro.all import ReproCB, seed_everything, CheckpointError
+from fastrepro.demo.ulmfit import imdb_sample_df, lm_dls, clas_dls, clas_learner
 
 @pytest.fixture(scope='module')
 def saved(fastai_home, tmp_path_factory):

@@ -89,7 +89,7 @@ def test_ranks_with_other_environments_are_refused(tmp_path):
     assert 'RankMismatchError' in p.stderr and 'rank 1: torch 0.0.0' in p.stderr, p.stderr[-3000:]
 
 
-# The example script (examples/ulmfit_ddp.py), started with the commands its docstring and the README give
+# The example script (examples/ulmfit_ddp.py), started with the commands its docstring and nbs/07_distrib give
 EXAMPLE = ROOT/'examples'/'ulmfit_ddp.py'
 EXAMPLE_ARGS = ['--allow-dirty', '--every-iters', '5']  # the checkout under test may have uncommitted changes
 
@@ -108,7 +108,7 @@ def example_digests(fastai_home, tmp_path_factory):
 
 
 def test_example_under_accelerate_launch(example_digests, tmp_path):
-    "`accelerate launch` (the README's command) runs both processes and gives torchrun's bits"
+    "`accelerate launch` (the example's documented command) runs both processes and gives torchrun's bits"
     cmd = [sys.executable, '-m', 'accelerate.commands.launch', '--multi_gpu', '--num_processes', '2',
            '--main_process_port', str(_free_port()), str(EXAMPLE), '--out', str(tmp_path), *EXAMPLE_ARGS]
     p = _check(subprocess.run(cmd, env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S), 0)

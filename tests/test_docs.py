@@ -151,9 +151,9 @@ def test_proc_output(pages):
     assert docs and all('#| output: asis' in d for d in docs)
     shown = {re.search(r'show_doc\(([\w.]+)\)', d)[1] for d in docs}
     shown |= {n for c in cells if re.search(r'^#\| exports', c, flags=re.M) for n in assigned(c)}
-    import fastrepro.demo as demo
+    import fastrepro.demo.run as demo
     missing = [n for n in demo.__all__ if n not in shown]
-    assert not missing, f"public symbols of fastrepro.demo without docs: {missing}"
+    assert not missing, f"public symbols of fastrepro.demo.run without docs: {missing}"
 
 
 def test_callback_page_signature(pages, tmp_path):

@@ -5,7 +5,8 @@ unfreezing) resumed at a stage boundary, export/load_learner."""
 import warnings
 import pytest, torch
 from fastai.text.all import SaveModelCallback, load_learner
-from fastrepro.all import ReproCB, seed_everything, imdb_sample_df, lm_dls, clas_dls, clas_learner
+from fastrepro.all import ReproCB, seed_everything
+from fastrepro.demo.ulmfit import imdb_sample_df, lm_dls, clas_dls, clas_learner
 from conftest import same_bits
 
 

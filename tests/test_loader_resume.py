@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest, torch
 import fastrepro
 from fastrepro.portable import DETERMINISTIC_ENV
-from fastrepro.rng import same_kernels_env
+from fastrepro.kernels import same_kernels_env
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))

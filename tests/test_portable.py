@@ -31,11 +31,11 @@ def result(p) -> dict:
 
 DIGESTS = '''
 import json, tempfile, warnings
-from fastrepro.rng import set_portable, portable_problems
+from fastrepro.kernels import set_portable, portable_problems
 with warnings.catch_warnings(record=True) as w:
     warnings.simplefilter('always')
     set_portable()
-    from fastrepro.demo import Demo
+    from fastrepro.demo.run import Demo
     from fastrepro.provenance import cpu_kernels
     run = Demo('test', out=tempfile.mkdtemp(), progress=False).reference
 said = [str(o.message) for o in w if 'Not portable' in str(o.message)]
@@ -58,7 +58,7 @@ import json, warnings, torch
 from fastai.test_utils import synth_learner
 from fastai.callback.core import Callback
 from fastrepro.callback import ReproCB
-from fastrepro.rng import deterministic_switches
+from fastrepro.kernels import deterministic_switches
 class Seen(Callback):
     def after_batch(self): self.seen = (deterministic_switches(), torch.get_num_threads())
 torch.set_num_threads(2)  # the fit pins the launcher's count and puts this one back
@@ -68,7 +68,7 @@ with warnings.catch_warnings(record=True) as w:
     learn = synth_learner(cbs=ReproCB(seed=1, allow_dirty=True, portable=True))
     learn.fit(1, cbs=(seen := Seen()))
 print('RESULT', json.dumps(dict(inside=seen.seen, after=(deterministic_switches(), torch.get_num_threads()),
-                                before=before, env=learn.repro_cb.env['cpu_kernels'],
+                                before=before, env=learn.repro_cb.provenance.env['cpu_kernels'],
                                 said=[str(o.message) for o in w if 'Not portable' in str(o.message)])))
 '''
 
@@ -83,7 +83,7 @@ def test_reprocb_portable_under_the_launcher_pins_and_restores():
 def test_portable_problems_in_a_plain_process(tmp_path):
     code = '''
 import json, torch
-from fastrepro.rng import portable_problems, torch_mkl
+from fastrepro.kernels import portable_problems, torch_mkl
 x = torch.randn(64, 64); x @ x  # torch's kernels and MKL start with this CPU's own code paths
 print('RESULT', json.dumps(dict(left=portable_problems(), mkl=torch_mkl() is not None)))'''
     env = {k: '' for k in ('ATEN_CPU_CAPABILITY', 'MKL_CBWR')}  # as a plain shell: torch's and MKL's defaults

@@ -1,5 +1,5 @@
-"""Preemption-proof training, each stage a fresh process (`fastrepro.jobs`): a run killed inside an epoch (SIGKILL right
-after a periodic checkpoint of `CheckpointCB(every_iters=3)`, \
+"""Preemption-proof training, each stage a fresh process (`fastrepro.demo.jobs`): a run killed inside an epoch (SIGKILL
+right after a periodic checkpoint of `CheckpointCB(every_iters=3)`, \
 or SIGTERM, after which the callback writes a checkpoint and
 exits with status 143) and resumed in another process (another \
 global seed, stray draws, `one_batch` and `lr_find` before
@@ -9,10 +9,10 @@ every loss-scale row (`same_run`). Also: 2 DataLoader workers, killed twice in o
 three-fit ULMFiT script killed inside its second fit and rerun with `autoresume=True`."""
 import signal
 import pytest, torch
-from fastrepro.jobs import Job, job_process, job_error, BEST
+from fastrepro.demo.jobs import Job, job_process, job_error, BEST
 from fastrepro.trace import RunRecord, same_run
 from fastrepro.checkpoint import checkpoint_info
-from fastrepro.ulmfit import Stage, imdb_sample_df, lm_dls, subsample
+from fastrepro.demo.ulmfit import Stage, imdb_sample_df, lm_dls, subsample
 
 N_EPOCH, LR, EVERY = 3, 1e-2, 3
 FP16_TEXTS, FP16_CHARS = 40, 300  # fp16 matrix products are slow on a CPU: a smaller corpus for those runs

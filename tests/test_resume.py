@@ -1,17 +1,18 @@
 """A run stopped after an epoch and resumed in a fresh process is bit-identical to the uninterrupted run.
 
-Each stage runs in its own process (`fastrepro.jobs`): the reference; a stop (cancelled and `learn.save`d, or killed by
-SIGKILL right after `SaveModelCallback`'s checkpoint); the resume (another global seed, stray draws, `lr_find`,
-`learn.load`, the `start_epoch` that `checkpoint_info` reports). Every process starts with `DETERMINISTIC_ENV` (MKL's
-conditional numerical reproducibility, no dynamic threading: issue 12), which MKL and OpenMP read when they start, so
-no process depends on the machine's load or on memory alignment; each comparison runs once, nothing retries.
+Each stage runs in its own process (`fastrepro.demo.jobs`): the reference; a stop (cancelled and `learn.save`d, or
+killed by SIGKILL right after `SaveModelCallback`'s checkpoint); the resume (another global seed, stray draws,
+`lr_find`, `learn.load`, the `start_epoch` that `checkpoint_info` reports). Every process starts with
+`DETERMINISTIC_ENV` (MKL's conditional numerical reproducibility, no dynamic threading: issue 12), which MKL and OpenMP
+read when they start, so no process depends on the machine's load or on memory alignment; each comparison runs once,
+nothing retries.
 `same_run` compares the final model's sha256 over every parameter and buffer, every per-batch loss and parameter norm,
 the Recorder's values and, in fp16, every loss-scale row."""
 import signal
 import pytest
-from fastrepro.jobs import Job, job_process, job_error, STOP_EPOCH
+from fastrepro.demo.jobs import Job, job_process, job_error, STOP_EPOCH
 from fastrepro.trace import RunRecord, same_run
-from fastrepro.ulmfit import Stage, imdb_sample_df, lm_dls, subsample
+from fastrepro.demo.ulmfit import Stage, imdb_sample_df, lm_dls, subsample
 
 N_EPOCH, LR = 3, 1e-2
 FP16_TEXTS, FP16_CHARS = 40, 300  # fp16 matrix products are slow on a CPU: a smaller corpus for those runs

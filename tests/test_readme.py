@@ -1,0 +1,73 @@
+"""The README and the docs' landing page (`nbs/index.ipynb`) say the same thing: the same one-line use, the same
+commands, the same table of what else fastrepro does; the README's test command is the one `.ci/run` runs; every
+notebook the table links exists; the landing page's module map has one row per notebook, in reading (file) order,
+each naming the module its notebook exports. The README stays short: figures and explanations live in the notebooks."""
+import json, re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NBS = ROOT/'nbs'
+MAX_README_LINES = 80  # a newcomer reads it in two minutes
+TABLE = '## What else it does'
+MAP = '## Module map'
+
+
+def readme() -> str: return (ROOT/'README.md').read_text()
+
+
+def index_cells(kind:str|None=None) -> list:
+    "The sources of the landing page's cells (of `kind`: 'code' or 'markdown')"
+    cells = json.loads((NBS/'index.ipynb').read_text())['cells']
+    return [''.join(c['source']) for c in cells if kind in (None, c['cell_type'])]
+
+
+def fenced(text:str, lang:str) -> list: return re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S)
+
+
+def section(text:str, title:str) -> str:
+    "The text under the heading `title`, to the next heading"
+    rest = text[text.index(title) + len(title):]
+    return rest[:m.start()] if (m := re.search(r'^#+ ', rest, flags=re.M)) else rest
+
+
+def rows(text:str) -> list: return [l for l in text.splitlines() if l.startswith('| ') and not l.startswith('|---')]
+
+
+def test_same_use_and_commands():
+    md = '\n\n'.join(index_cells('markdown'))
+    code = [c.removeprefix('#| eval: false\n') for c in index_cells('code')]
+    assert fenced(readme(), 'python') == [c + '\n' for c in code], "the README's example is not the landing page's"
+    assert fenced(readme(), 'sh') and all(block in md for block in fenced(readme(), 'sh')), (
+        "a command block of the README is not on the landing page")
+
+
+def test_same_table_and_notebooks_exist():
+    ours, theirs = rows(section(readme(), TABLE)), rows(section('\n\n'.join(index_cells()), TABLE))
+    assert len(ours) > 5 and [r.replace('](nbs/', '](') for r in ours] == theirs, (
+        "the README's table differs from the landing page's")
+    links = re.findall(r'\]\((nbs/[\w.]+\.ipynb)\)', readme())
+    assert links and [l for l in links if not (ROOT/l).is_file()] == []
+
+
+def test_readme_test_command_is_ci_s():
+    cmd = next(l.split('  #')[0].strip() for b in fenced(readme(), 'sh') for l in b.splitlines()
+               if l.startswith('nbdev-test'))
+    assert cmd == 'nbdev-test --n-workers 1 && python -m pytest -q tests'
+    assert cmd in (ROOT/'.ci'/'run').read_text().splitlines(), "`.ci/run` runs another test command than the README"
+
+
+def test_readme_is_short():
+    n = len(readme().splitlines())
+    assert n <= MAX_README_LINES, f"README.md has {n} lines: move details to the notebook of what they describe"
+
+
+def test_module_map_is_every_notebook_in_order():
+    found = [re.match(r"\| \[`(\w+)`\]\((\w+)\.ipynb\) \| `([\w.]+)` \|", r).groups()
+             for r in rows(section('\n\n'.join(index_cells()), MAP))[1:]]
+    assert all(name == link for name, link, _ in found)
+    notebooks = sorted(p.stem for p in NBS.glob('[0-9]*.ipynb'))
+    assert [name for name, _, _ in found] == notebooks, "the module map is not one row per notebook, in file order"
+    for name, _, module in found:
+        src = (NBS/f'{name}.ipynb').read_text()
+        exp = re.search(r'#\| default_exp ([\w.]+)', src)[1]
+        assert module == f'fastrepro.{exp}', f"{name} exports fastrepro.{exp}, the map says {module}"
