@@ -44,6 +44,13 @@ def fit_metrics(learn) -> dict:
     best = {n: (min if any(s in n for s in LOSS_NAMES) else max)(c) for n, c in zip(names, cols)}
     return {'final': final, 'best': best}
 
+def _fit_end(exc:BaseException|None=None, cancelled:bool=False) -> tuple:
+    "The ledger status of a fit that ended so, and its note"
+    if exc is not None:
+        status = 'interrupted' if isinstance(exc, (KeyboardInterrupt, SystemExit)) else 'failed'
+        return status, f"{type(exc).__name__}: {exc}"
+    return ('interrupted', 'cancelled (CancelFitException)') if cancelled else ('completed', None)
+
 class FitRecord:
     "A fit's record in a ledger: added as 'running' when the fit starts, completed, failed or interrupted when it ends"
     def __init__(self, ledger:Ledger|str|Path|None=None, experiment:str|None=None, variant:str|None=None,
@@ -70,10 +77,13 @@ class FitRecord:
             tags=self.tags, metric_version=self.metric_version, data_fingerprint=data_fingerprint(learn.dls),
             status='running', started=self.started, **prov)), 0.
 
-    def end(self, learn, status:str, notes:str|None=None):
-        "Complete the running record: its status, metrics, finish time and training time"
+    def end(self, learn,
+            exc:BaseException|None=None, # what the fit raised, if it raised
+            cancelled:bool=False, # the fit was cancelled (`CancelFitException`)
+           ):
+        "Complete the running record: how the fit ended, its metrics, finish time and training time"
         if self.ledger is None or self.started is None: return
-        now = time.time()
+        now, (status, notes) = time.time(), _fit_end(exc, cancelled)
         self.ledger.update(self.run_id, status=status, metrics=fit_metrics(learn), finished=now,
                            duration=self.earlier + now - self.started, **({} if notes is None else {'notes': notes}))
         self.started = None  # `run_id` stays: a resume of this fit continues its record
@@ -218,12 +228,8 @@ class ReproCB(Callback):
         if self.active and self.epoch < self.plan.epoch: self.plan.silence(self.learn, self)  # skipped by `SkipToEpoch`
 
     def after_cancel_fit(self): self.cancelled = True
-    def after_fit(self):
-        self._end_fit('interrupted' if self.cancelled else 'completed',
-                      'cancelled (CancelFitException)' if self.cancelled else None)
-    def after_fit_exception(self, exc):
-        self._end_fit('interrupted' if isinstance(exc, (KeyboardInterrupt, SystemExit)) else 'failed',
-                      f"{type(exc).__name__}: {exc}")
+    def after_fit(self): self._end_fit()
+    def after_fit_exception(self, exc): self._end_fit(exc)
 
     def state_dict(self) -> dict:
         "Where the run stands and what a fit that resumes it needs (`repro_state`), `weights_only`-safe"
@@ -245,7 +251,7 @@ class ReproCB(Callback):
         "Why a checkpoint written now, inside an epoch, could not be resumed exactly; None when it could"
         return inside_problem(self.learn, self.deterministic_data) if self.active and self.position.batch else None
 
-    def _end_fit(self, status:str, notes:str|None=None):
+    def _end_fit(self, exc:BaseException|None=None):
         "Put back what the fit changed, and complete its record; also when it raised"
         if not self.active: return
         if self.plan is not None: self.plan.unsilence()  # None: the plan refused the fit
@@ -253,7 +259,7 @@ class ReproCB(Callback):
         self.switches.off()
         if self.deterministic_data: undo_deterministic(self.dls)
         self.trace.flush()
-        self.record.end(self.learn, status, notes)
+        self.record.end(self.learn, exc, self.cancelled)
 
 # %% ../nbs/03_callback.ipynb #9e1a0aa7
 def repro_state(cb:ReproCB) -> dict:

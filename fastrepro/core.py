@@ -1,4 +1,4 @@
-"""The few hooks every fastrepro callback shares: which fit is running and whether it resumes, which callbacks carry state, callbacks that plan a fit before it starts, and cleanup when `fit` raises.
+"""The few hooks every fastrepro callback shares: whether a fit resumes (fastai's `start_epoch`) and whether it trains (`training_fit`), which callbacks carry state, callbacks that plan a fit before it starts, cleanup when `fit` raises, and the one digest helper.
 
 Docs: https://fastrepro.github.io/fastrepro/core.html.md"""
 
@@ -11,7 +11,7 @@ from fastai.basics import *
 from fastai.callback.schedule import LRFinder
 
 # %% auto #0
-__all__ = ['resume_epoch', 'in_lr_find', 'is_stateful', 'stateful_cbs', 'digest', 'in_fit', 'training_fit']
+__all__ = ['resume_epoch', 'in_lr_find', 'is_stateful', 'stateful_cbs', 'in_fit', 'training_fit', 'digest']
 
 # %% ../nbs/00_core.ipynb #ef260262
 def resume_epoch(learn:Learner) -> int:
@@ -31,12 +31,6 @@ def is_stateful(cb) -> bool:
 def stateful_cbs(learn:Learner) -> L:
     "The attached callbacks that carry state into checkpoints, sorted by name"
     return L(cb for cb in learn.cbs if is_stateful(cb)).sorted('name')
-
-# %% ../nbs/00_core.ipynb #7adf4ef7
-def digest(o, n:int|None=16) -> str:
-    "The sha256 of `o` (bytes and str as they are, anything else as its `repr`) in hex, its first `n` digits"
-    b = o if isinstance(o, bytes) else (o if isinstance(o, str) else repr(o)).encode()
-    return hashlib.sha256(b).hexdigest()[:n]
 
 # %% ../nbs/00_core.ipynb #721ad132
 # fastai's own `fit`: `@patch` keeps it as `_orig_fit`, so running this cell again (a notebook, another
@@ -72,3 +66,9 @@ def in_fit(learn:Learner) -> bool:
 def training_fit(learn:Learner) -> bool:
     "True inside a fit that trains the learner: not `validate` or `get_preds`, not `lr_find`'s trial fit"
     return in_fit(learn) and not in_lr_find(learn)
+
+# %% ../nbs/00_core.ipynb #7adf4ef7
+def digest(o, n:int|None=16) -> str:
+    "The sha256 of `o` (bytes and str as they are, anything else as its `repr`) in hex, its first `n` digits"
+    b = o if isinstance(o, bytes) else (o if isinstance(o, str) else repr(o)).encode()
+    return hashlib.sha256(b).hexdigest()[:n]
