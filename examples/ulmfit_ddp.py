@@ -35,6 +35,7 @@ def main(out='runs/ulmfit_ddp', seed=42, profile='test', every_iters=5, allow_di
     if rank_distrib() == 0:
         print(f"language model {state_digest(lm.model)[:12]}, classifier {state_digest(clas.model)[:12]}, "
               f"{num_distrib() or 1} process(es)")
+    distrib_barrier(); teardown_distrib()  # every rank done before any leaves (a gloo peer can abort when one exits)
 
 if __name__ == '__main__':
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -67,5 +67,8 @@ def main(mode, out, arg=None):
     torch.save({'digest': state_digest(learn.model), 'loss': learn.repro_trace.loss.tolist(),
                 'values': [[float(v) for v in r] for r in learn.recorder.values], 'masks': masks.masks},
                out/f"{mode}{'-' + arg if mode == 'resume' else ''}-rank{rank}.pt")
+    # every rank done before any leaves, then the process group torn down: a rank whose peer has already exited can
+    # abort (SIGABRT) in gloo's background thread when the connection closes under it
+    distrib_barrier(); teardown_distrib()
 
 if __name__ == '__main__': main(*sys.argv[1:])
