@@ -21,7 +21,7 @@ from .data import make_deterministic, undo_deterministic, set_epoch, loader_orde
 from .distrib import world_size
 from .audit import audit_fit, audit_resume, Findings
 from .trace import Trace, TRACE_EVERY
-from .provenance import run_provenance, environment_info, git_info, pack_git, unpack_git, check_ranks_agree
+from .provenance import run_provenance, environment_info, git_info, pack_git, unpack_git, pack_entry, unpack_entry, check_ranks_agree
 from .ledger import Ledger
 
 # %% auto #0
@@ -100,9 +100,14 @@ class FitProvenance:
         self.prov = self.device = None  # the running (or last) fit's
         self.findings = Findings()
 
-    def take_code(self):
-        "Record the code the fit runs: its git commit and the patch of a dirty tree (refused unless `allow_dirty`)"
-        self.prov = run_provenance(self.repo_path or '.', allow_dirty=self.allow_dirty)
+    def take_code(self, learn:Learner):
+        ("Record the code the fit runs (its git commit, the patch of a dirty tree, refused unless `allow_dirty`) and "
+         "how the process was started")
+        self.prov = run_provenance(self.repo_path or '.', self.allow_dirty, outputs=self.outputs(learn))
+
+    def outputs(self, learn:Learner) -> list:
+        "The folders the fit writes to, whose files are never code: fastai's models, exports and our checkpoints"
+        return [Path(learn.path)/learn.model_dir]
 
     def audit(self, learn:Learner, resumed:dict|None=None):
         "Record the environment (with the fit's switches) and device; report what would break the run's bits, once"
@@ -114,9 +119,9 @@ class FitProvenance:
         if resumed is not None: found += audit_resume(resumed['provenance'], self.state())  # what the resume changes
         self.findings.report(found)
 
-    def git_now(self) -> dict:
+    def git_now(self, learn:Learner) -> dict:
         "The code's git record as it stands now, before a fit takes it (commit, patch hash)"
-        return git_info(self.repo_path or '.')
+        return git_info(self.repo_path or '.', outputs=self.outputs(learn))
 
     @property
     def git(self) -> dict|None:
@@ -127,7 +132,14 @@ class FitProvenance:
         "The running (or last) fit's environment: versions, hardware, threads, switches"
         return None if self.prov is None else self.prov['env']
 
-    def state(self) -> dict: return dict(env=self.env or environment_info(), git=pack_git(self.git), device=self.device)
+    @property
+    def entry(self) -> dict|None:
+        "How the running (or last) fit's process was started: command, working directory, variables, notebook cells"
+        return None if self.prov is None else self.prov['entry']
+
+    def state(self) -> dict:
+        return dict(env=self.env or environment_info(), git=pack_git(self.git), entry=pack_entry(self.entry),
+                    device=self.device)
 
 # %% ../nbs/03_callback.ipynb #fd06b9d9
 def _rank_stream(rank_streams:bool=True) -> tuple:
@@ -180,7 +192,7 @@ class ReproCB(Callback):
         self.plan = ResumePlan.make(self.pending, self.position, self.learn, self.deterministic_data,
                                     self.allow_world_size_change)
         self.position, self.pending, self.cancelled = self.plan.position, None, False
-        self.provenance.take_code()  # refuses a dirty tree
+        self.provenance.take_code(self.learn)  # refuses a dirty tree
         self.switches.on()
         self.provenance.audit(self.learn, self.plan.resumed)
         if self.deterministic_data:
@@ -280,7 +292,7 @@ def _repro_summary(state:dict) -> dict:
     pos, prov = state['position'], state['provenance']
     return dict(seed=state['seed'], fit_idx=pos['fit'], n_epoch=pos['n_epoch'], start_epoch=pos['epoch'],
                 batch=pos['batch'], iteration=pos['train_iter'], env=prov['env'], git=unpack_git(prov['git']),
-                device=prov['device'], world_size=state['world_size'])
+                entry=unpack_entry(prov['entry']), device=prov['device'], world_size=state['world_size'])
 
 # %% ../nbs/03_callback.ipynb #e7ca0cb8
 _V1_TRACE_KEYS = {'fp_names': 'param_names', 'fp_rows': 'norm_rows', 'fp': 'norms'}  # format 1's names of the norms
@@ -316,6 +328,11 @@ def _repro_from_v2(d:dict, learn:Learner|None) -> tuple:
         f"{d['position']['epoch']} checks only that the loader starts at batch {d['position']['batch']}; nor the "
         "optimizer's hyper-parameters at that batch, which the next batch's schedule sets (a checkpoint written "
         "after the epoch's last batch keeps the fit's first rate until the next epoch)."]
+
+@checkpoint_upgrade('repro_cb', 3)
+def _repro_from_v3(d:dict, learn:Learner|None) -> tuple:
+    "A format-3 `ReproCB` state in format 4: no entry point was recorded (a resume does not read it)"
+    return {**d, 'provenance': {**d['provenance'], 'entry': None}}, []
 
 # %% ../nbs/03_callback.ipynb #c6881974
 @patch(as_prop=True)

@@ -25,7 +25,7 @@ __all__ = ['STATE_KEY', 'FORMAT_VERSION', 'TMP_PREFIX', 'DURABLE', 'CheckpointEr
 
 # %% ../nbs/02_checkpoint.ipynb #f299278a
 STATE_KEY = '__fastrepro__'   # where fastrepro's state lives inside the optimizer entry
-FORMAT_VERSION = 3            # the checkpoint layout; a change bumps it, and older ones keep loading (`upgrade_state`)
+FORMAT_VERSION = 4            # the checkpoint layout; a change bumps it, and older ones keep loading (`upgrade_state`)
 
 # %% ../nbs/02_checkpoint.ipynb #e0329bf7
 class CheckpointError(RuntimeError):
@@ -429,8 +429,8 @@ def _from_v1(extra:dict) -> dict:
     meta = extra['meta']
     return {'format': 2, 'model': meta['model'], 'data': meta['data'], 'callbacks': extra['callbacks']}
 
-def _from_v2(extra:dict) -> dict:
-    "Format 2's layout is format 3's: only callbacks' states changed (they convert their own)"
-    return {**extra, 'format': 3}
+def _same_layout(extra:dict) -> dict:
+    "The next format's layout is this one's: only callbacks' states changed (they convert their own)"
+    return {**extra, 'format': extra['format'] + 1}
 
-_FORMAT_UPGRADES = {1: _from_v1, 2: _from_v2}  # format -> function(fastrepro state) -> its layout in the next format
+_FORMAT_UPGRADES = {1: _from_v1, 2: _same_layout, 3: _same_layout}  # format -> function(state) -> the next format's

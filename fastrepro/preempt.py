@@ -132,7 +132,7 @@ class CheckpointCB(Callback):
 
     def _check(self, info:dict, n_epoch:int):
         "Refuse to continue a checkpoint that other code or another fit call wrote"
-        git = self.learn.repro_cb.provenance.git_now()
+        git = self.learn.repro_cb.provenance.git_now(self.learn)
         saved = info.get('git') or {}
         if (saved.get('commit'), saved.get('diff_hash')) != (git['commit'], git['diff_hash']):
             raise ResumeError(f"{info['path']} was written by other code (commit {saved.get('commit')}, patch "

@@ -6,21 +6,24 @@ Docs: https://fastrepro.github.io/fastrepro/provenance.html.md"""
 
 # %% ../nbs/10_provenance.ipynb #ac794d2b
 from __future__ import annotations
-import os, re, copy, json, time, zlib, shutil, socket, hashlib, platform, tempfile, warnings, functools
+import os, re, sys, copy, json, time, zlib, shutil, socket, fnmatch, hashlib, platform, tempfile, warnings, functools
 import importlib.metadata as importlib_metadata
 import git, numpy as np, torch, fastai, fastcore
 from pathlib import Path
 from fastcore.basics import *
 import fastrepro
+from .portable import DETERMINISTIC_ENV, PORTABLE_ISA, PORTABLE_THREADS_VAR
 from .kernels import deterministic_switches, mkl_cbwr, torch_mkl, cpuinfo
 from .core import digest
 from .distrib import all_gather
 
 # %% auto #0
-__all__ = ['MAX_FILES_SHOWN', 'RACY_SECONDS', 'BIT_IDENTITY_FIELDS', 'PATCH_ZLIB_LEVEL', 'DirtyTreeError', 'ProvenanceWarning',
-           'git_info', 'git_patch', 'check_clean', 'installed_packages', 'packages_hash', 'numeric_switches',
-           'cpu_kernels', 'environment_info', 'env_diff', 'run_provenance', 'RankMismatchError', 'check_ranks_agree',
-           'pack_git', 'unpack_git']
+__all__ = ['MAX_FILES_SHOWN', 'MAX_CODE_BYTES', 'CODE_SUFFIXES', 'CODE_NAMES', 'KEPT_CELL_METADATA', 'RACY_SECONDS',
+           'BIT_IDENTITY_FIELDS', 'ENTRY_ENV', 'PATCH_ZLIB_LEVEL', 'DirtyTreeError', 'ProvenanceWarning',
+           'notebook_code', 'stripped_notebook', 'git_info', 'git_patch', 'ignore_line', 'check_clean',
+           'installed_packages', 'packages_hash', 'numeric_switches', 'cpu_kernels', 'environment_info', 'env_diff',
+           'entry_point', 'cells_script', 'cells_notebook', 'write_cells', 'run_provenance', 'RankMismatchError',
+           'check_ranks_agree', 'pack_git', 'unpack_git', 'pack_entry', 'unpack_entry']
 
 # %% ../nbs/10_provenance.ipynb #9454b67c
 class DirtyTreeError(RuntimeError):
@@ -35,10 +38,10 @@ MAX_FILES_SHOWN = 10  # files listed per category in a `DirtyTreeError` message
 _GIT_ENV = {'GIT_OPTIONAL_LOCKS': '0'}  # reading must never take the index lock a concurrent git command may hold
 _warned_outside = set()  # paths already warned about, so each warns once per process
 
-def _git(repo:git.Repo, *args, **env) -> bytes:
-    ("Raw stdout of `git args` in `repo`'s working tree with `env` added, run by gitpython (`GitCommandError` on "
-     "failure)")
-    return repo.git.execute(['git', *args], env={**_GIT_ENV, **env}, stdout_as_string=False,
+def _git(repo:git.Repo, *args, istream=None, **env) -> bytes:
+    ("Raw stdout of `git args` in `repo`'s working tree with `env` added and `istream` as its input, run by gitpython "
+     "(`GitCommandError` on failure)")
+    return repo.git.execute(['git', *args], istream=istream, env={**_GIT_ENV, **env}, stdout_as_string=False,
                             strip_newline_in_stdout=False)
 
 def _open_repo(path) -> git.Repo|None:
@@ -51,10 +54,12 @@ def _decode(b:bytes) -> str: return b.decode('utf-8', 'surrogateescape')
 
 # %% ../nbs/10_provenance.ipynb #f627c61e
 _STATUS_FIELDS = {'1': 8, '2': 9, 'u': 10}  # fixed fields before the path, per entry type of porcelain v2
+_NO_BLOB = '0' * 40  # porcelain v2's object name of a file HEAD does not have
 
 def _parse_status(raw:bytes) -> dict:
-    "HEAD commit, branch and the modified (unstaged), staged and untracked-but-not-ignored paths of porcelain v2 `raw`"
-    res = dict(commit=None, branch=None, modified=set(), staged=set(), untracked=set())
+    ("HEAD commit, branch, the modified (unstaged), staged and untracked-but-not-ignored paths of porcelain v2 `raw`, "
+     "and the HEAD blob of each changed tracked path (`heads`)")
+    res = dict(commit=None, branch=None, modified=set(), staged=set(), untracked=set(), heads={})
     entries = iter(_decode(raw).split('\0'))
     for e in entries:
         if not e: continue
@@ -67,32 +72,103 @@ def _parse_status(raw:bytes) -> dict:
             xy, paths = fields[1], [fields[-1]] + ([next(entries)] if e[0] == '2' else [])
             if xy[0] != '.': res['staged'].update(paths)
             if xy[1] != '.': res['modified'].update(paths)
+            if e[0] == '1' and fields[6] != _NO_BLOB: res['heads'][paths[0]] = fields[6]
     return {k: sorted(v) if isinstance(v, set) else v for k,v in res.items()}
 
-def _status(repo:git.Repo) -> tuple:
-    "The raw porcelain v2 status of `repo` and its parsed form"
-    raw = _git(repo, 'status', '--porcelain=v2', '--branch', '-z', '--untracked-files=all')
-    return raw, _parse_status(raw)
+def _status(repo:git.Repo) -> dict:
+    "The parsed porcelain v2 status of `repo`"
+    return _parse_status(_git(repo, 'status', '--porcelain=v2', '--branch', '-z', '--untracked-files=all'))
+
+# %% ../nbs/10_provenance.ipynb #69f6d8f6
+MAX_CODE_BYTES = 1_000_000  # source and configuration files are KBs; a larger changed file is data, weights or an output,
+                            # and in the patch it would ride along in every checkpoint of every later run
+CODE_SUFFIXES = ('.py', '.pyx', '.pxd', '.pyi', '.ipynb', '.c', '.h', '.cc', '.cpp', '.hpp', '.cu', '.cuh', '.sh',
+                 '.toml', '.cfg', '.ini', '.yaml', '.yml', '.json', '.conf')  # what a run executes or reads as settings
+CODE_NAMES = ('Makefile', 'Dockerfile', 'requirements*.txt', 'constraints*.txt')  # settings without a code suffix
+
+def _imported(root:str) -> set:
+    "The files, relative to `root`, of the modules this process imported from under `root`"
+    prefix, res = os.path.join(root, ''), set()
+    for m in list(sys.modules.values()):
+        f = getattr(m, '__file__', None)
+        if isinstance(f, str) and f.startswith(prefix): res.add(Path(f).relative_to(root).as_posix())
+    return res
+
+def _relative(path, root:str|None) -> str:
+    "`path` relative to the repository `root` when it is inside (POSIX separators), else absolute"
+    p = os.path.abspath(path)
+    if root and (p == root or p.startswith(os.path.join(root, ''))): return Path(os.path.relpath(p, root)).as_posix()
+    return p
+
+def _under(path:str, folders) -> bool: return any(path == f or path.startswith(f + '/') for f in folders)
+
+def _is_code(root:str, path:str, imported:set, outputs:list) -> bool:
+    "Is the changed file `path` (relative to `root`) code the run can execute? (a notebook: if its code changed)"
+    if _under(path, outputs): return False
+    name = path.rsplit('/', 1)[-1]
+    if not (path in imported or name.endswith(CODE_SUFFIXES) or any(fnmatch.fnmatch(name, p) for p in CODE_NAMES)):
+        return False
+    stamp = _file_stamp(os.path.join(root, path))
+    return stamp is None or name.endswith('.ipynb') or stamp[0] <= MAX_CODE_BYTES  # a deleted file changes the code
+
+# %% ../nbs/10_provenance.ipynb #6646f8bf
+KEPT_CELL_METADATA = ('tags',)  # what nbdev-clean and nbstripout keep of a cell's metadata: the rest is the editor's
+
+def _source(cell:dict) -> str:
+    s = cell.get('source', '')
+    return s if isinstance(s, str) else ''.join(s)
+
+def notebook_code(nb:dict) -> list:
+    "The sources of notebook `nb`'s code cells, in order: what running it executes"
+    return [_source(c) for c in nb.get('cells', []) if c.get('cell_type') == 'code']
+
+def stripped_notebook(nb:dict, # a notebook (nbformat 4, as JSON)
+                      base:dict|None=None, # the committed version: its unchanged cells are kept as they are
+                     ) -> dict:
+    "Notebook `nb` without what running it wrote (outputs, execution counts, editor metadata) in its new cells"
+    old = {(c.get('cell_type'), _source(c)): c for c in (base or {}).get('cells', [])}
+    def _cell(c):
+        if (c.get('cell_type'), _source(c)) in old: return old[c.get('cell_type'), _source(c)]
+        c = {**c, 'metadata': {k: v for k, v in c.get('metadata', {}).items() if k in KEPT_CELL_METADATA}}
+        return {**c, 'outputs': [], 'execution_count': None} if c.get('cell_type') == 'code' else c
+    top = base or {**nb, 'metadata': {k: v for k, v in nb.get('metadata', {}).items() if k == 'kernelspec'}}
+    return {**top, 'cells': [_cell(c) for c in nb.get('cells', [])]}
+
+def _notebook_bytes(nb:dict) -> bytes:
+    "`nb` as Jupyter and nbdev write it"
+    return (json.dumps(nb, sort_keys=True, indent=1, ensure_ascii=False) + '\n').encode()
+
+def _read_notebook(b:bytes) -> dict|None:
+    "The notebook in `b`, None when it is not one (a half-saved file)"
+    try: nb = json.loads(b)
+    except ValueError: return None
+    return nb if isinstance(nb, dict) and isinstance(nb.get('cells'), list) else None
 
 # %% ../nbs/10_provenance.ipynb #972b0e0e
 _DIFF_OPTS = ('--binary', '--no-color', '--no-ext-diff', '--no-textconv', '--no-renames', '--src-prefix=a/',
               '--dst-prefix=b/')
 
-def _patch(repo:git.Repo, commit:str|None, untracked:list) -> bytes:
-    "Tracked changes against `commit` (or the empty tree) plus `untracked` files as new-file diffs"
+def _patch(repo:git.Repo, commit:str|None, paths:list, notebooks:dict) -> bytes:
+    "The diff from `commit` (or the empty tree) to the working tree's `paths`, changed notebooks as `notebooks`' bytes"
     base = commit or _git(repo, 'hash-object', '-t', 'tree', os.devnull).decode().strip()  # the empty tree
-    if not untracked: return _git(repo, 'diff', *_DIFF_OPTS, base, '--')
     with tempfile.TemporaryDirectory(prefix='fastrepro-index-') as d:
-        index, own = os.path.join(d, 'index'), os.path.join(repo.git_dir, 'index')
-        if os.path.exists(own): shutil.copyfile(own, index)
-        spec = os.path.join(d, 'untracked')
-        Path(spec).write_bytes('\0'.join(untracked).encode('utf-8', 'surrogateescape'))
-        _git(repo, 'add', '--intent-to-add', f'--pathspec-from-file={spec}', '--pathspec-file-nul',
-             GIT_INDEX_FILE=index)
-        return _git(repo, 'diff', *_DIFF_OPTS, base, '--', GIT_INDEX_FILE=index)
+        objects = os.path.join(d, 'objects')
+        os.mkdir(objects)  # git takes no object directory that does not exist
+        env = dict(GIT_INDEX_FILE=os.path.join(d, 'index'), GIT_OBJECT_DIRECTORY=objects,
+                   GIT_ALTERNATE_OBJECT_DIRECTORIES=os.path.join(repo.common_dir, 'objects'))
+        _git(repo, 'read-tree', base, **env)
+        files = Path(d, 'paths')
+        files.write_bytes('\0'.join(p for p in paths if p not in notebooks).encode('utf-8', 'surrogateescape'))
+        with open(files, 'rb') as f: _git(repo, 'update-index', '--add', '--remove', '-z', '--stdin', istream=f, **env)
+        for p, content in notebooks.items():
+            Path(d, 'notebook').write_bytes(content)
+            blob = _git(repo, 'hash-object', '-w', '--', os.path.join(d, 'notebook'), **env).decode().strip()
+            _git(repo, 'update-index', '--add', '--cacheinfo', f'100644,{blob},{p}', **env)
+        return _git(repo, 'diff', '--cached', *_DIFF_OPTS, base, '--', **env)
 
 # %% ../nbs/10_provenance.ipynb #77e4db79
 _patch_cache = {}  # repository root -> (key, patch) of the last call
+_notebook_cache = {}  # (repository root, notebook) -> (key, the notebook as the patch records it) of the last call
 RACY_SECONDS = 2  # a file modified this recently may change again within its timestamp's tick (FAT stamps in 2 s)
 
 def _file_stamp(path:str):
@@ -100,18 +176,47 @@ def _file_stamp(path:str):
     try: st = os.stat(path); return st.st_size, st.st_mtime_ns
     except OSError: return None
 
-def _cached_patch(repo:git.Repo, raw:bytes, st:dict) -> bytes:
-    "`_patch` for the tree `raw`/`st` describe, reusing the last one when nothing changed"
-    root = repo.working_tree_dir
-    paths = sorted(set(st['modified']) | set(st['staged']) | set(st['untracked']))
-    key = (raw, tuple(_file_stamp(os.path.join(root, p)) for p in paths))
-    hit = _patch_cache.get(root)
+def _cached(cache:dict, where, key, stamps, compute):
+    "`compute()`, reusing the value `cache[where]` holds for `key`; cached only when no file of `stamps` is racy"
+    hit = cache.get(where)
     if hit is not None and hit[0] == key: return hit[1]
-    patch = _patch(repo, st['commit'], st['untracked'])
-    recent = time.time_ns() - RACY_SECONDS*10**9
-    if all(s is None or s[1] < recent for s in key[1]): _patch_cache[root] = key, patch
-    else: _patch_cache.pop(root, None)
-    return patch
+    res, recent = compute(), time.time_ns() - RACY_SECONDS*10**9
+    if all(s is None or s[1] < recent for s in stamps): cache[where] = key, res
+    else: cache.pop(where, None)
+    return res
+
+def _cached_patch(repo:git.Repo, commit:str|None, paths:list, notebooks:dict) -> bytes:
+    "`_patch` of the changed code `paths`, reusing the last one when none of them changed"
+    stamps = tuple(_file_stamp(os.path.join(repo.working_tree_dir, p)) for p in paths)
+    key = (commit, tuple(paths), stamps, tuple(sorted(notebooks.items())))
+    return _cached(_patch_cache, repo.working_tree_dir, key, stamps, lambda: _patch(repo, commit, paths, notebooks))
+
+def _notebook_change(repo:git.Repo, path:str, head:str|None) -> bytes|None:
+    "The changed notebook `path` as the patch records it (stripped), None when its code is the commit's (blob `head`)"
+    full = os.path.join(repo.working_tree_dir, path)
+    stamp = _file_stamp(full)
+    def _compute():
+        content = Path(full).read_bytes()
+        nb, base = _read_notebook(content), _read_notebook(_git(repo, 'cat-file', 'blob', head)) if head else None
+        if nb is None: return content  # not a notebook (yet): the file as it is
+        if base is not None and notebook_code(base) == notebook_code(nb): return None
+        return _notebook_bytes(stripped_notebook(nb, base))
+    return _cached(_notebook_cache, (repo.working_tree_dir, path), (head, stamp), [stamp], _compute)
+
+def _code_changes(repo:git.Repo, st:dict, outputs) -> tuple:
+    ("The changed paths of status `st` that are code, by category; the changed notebooks as the patch records them; "
+     "the untracked ones this process imported")
+    root = repo.working_tree_dir
+    outs, imported, notebooks, code = [_relative(o, root) for o in outputs], _imported(root), {}, set()
+    for p in sorted(set(st['modified']) | set(st['staged']) | set(st['untracked'])):
+        if not _is_code(root, p, imported, outs): continue
+        if p.endswith('.ipynb') and os.path.exists(os.path.join(root, p)):
+            nb = _notebook_change(repo, p, st['heads'].get(p))
+            if nb is None or len(nb) > MAX_CODE_BYTES: continue
+            notebooks[p] = nb
+        code.add(p)
+    changes = {k: [p for p in st[k] if p in code] for k in ('modified', 'staged', 'untracked')}
+    return changes, notebooks, [p for p in changes['untracked'] if p in imported]
 
 # %% ../nbs/10_provenance.ipynb #bb8a86d5
 def _scrub(url:str) -> str:
@@ -122,7 +227,7 @@ def _remotes(repo:git.Repo) -> dict:
     return {r.name: _scrub(r.url) for r in repo.remotes}
 
 _NOT_A_REPO = dict(root=None, commit=None, branch=None, remotes={}, remote_url=None, dirty=None,
-                   modified=[], staged=[], untracked=[], diff_hash=None)
+                   modified=[], staged=[], untracked=[], imported=[], diff_hash=None)
 
 def _warn_outside(path:Path):
     if path in _warned_outside: return
@@ -132,37 +237,40 @@ def _warn_outside(path:Path):
                   "(`git init`, then commit) to record it.", ProvenanceWarning, stacklevel=4)
 
 # %% ../nbs/10_provenance.ipynb #2e5e2dd3
-def _inspect(path:Path) -> tuple:
-    "`git_info`'s dict for the repository containing `path`, and the raw patch (None when the tree is clean)"
+def _inspect(path:Path, outputs=()) -> tuple:
+    "`git_info`'s dict for the repository containing `path`, and the raw patch (None when the code is committed)"
     repo = _open_repo(path)
     if repo is None: return dict(is_repo=False, **_NOT_A_REPO), None
     with repo:
-        raw, st = _status(repo)
-        changes = {k: st[k] for k in ('modified', 'staged', 'untracked')}
-        patch = _cached_patch(repo, raw, st) if any(changes.values()) else None
+        st = _status(repo)
+        changes, notebooks, imported = _code_changes(repo, st, outputs)
+        paths = sorted({p for ps in changes.values() for p in ps})
+        patch = _cached_patch(repo, st['commit'], paths, notebooks) if paths else None
         remotes = _remotes(repo)
         return dict(is_repo=True, root=str(repo.working_tree_dir), commit=st['commit'], branch=st['branch'],
                     remotes=remotes, remote_url=remotes.get('origin', first(remotes.values())), dirty=patch is not None,
-                    **changes, diff_hash=None if patch is None else digest(patch, None)), patch
+                    **changes, imported=imported, diff_hash=None if patch is None else digest(patch, None)), patch
 
-def _git_state(path) -> tuple:
-    "`_inspect(path)`, warning once when `path` is not in a repository"
+def _git_state(path, outputs=()) -> tuple:
+    "`_inspect(path, outputs)`, warning once when `path` is not in a repository"
     path = Path(path).resolve()
-    info, patch = _inspect(path)
+    info, patch = _inspect(path, outputs)
     if not info['is_repo']: _warn_outside(path)
     return info, patch
 
 # %% ../nbs/10_provenance.ipynb #f8f6b0a7
 def git_info(path='.', # a directory inside the repository (the repository is searched upwards)
+             outputs=(), # folders a run writes to (checkpoints, exports): their files are never code
             ) -> dict:
-    "Commit, branch, remotes and the uncommitted state of the git repository containing `path`"
-    return _git_state(path)[0]
+    "Commit, branch, remotes and the uncommitted changes of the code in the git repository containing `path`"
+    return _git_state(path, outputs)[0]
 
 # %% ../nbs/10_provenance.ipynb #7bf09e9d
 def git_patch(path='.', # a directory inside the repository
+              outputs=(), # folders a run writes to: never in the patch
              ) -> str:
-    "The uncommitted changes of the repository containing `path` as a patch that `git apply` replays on its commit"
-    info, patch = _inspect(Path(path).resolve())
+    "The uncommitted changes of the code in the repository containing `path`, as a patch `git apply` replays on its commit"
+    info, patch = _inspect(Path(path).resolve(), outputs)
     if not info['is_repo']:
         raise ValueError(f"{Path(path).resolve()} is not inside a git repository, so there is no patch "
                          "to record. Run from the project's git checkout.")
@@ -175,6 +283,19 @@ def _listing(info:dict) -> str:
                                                             if len(ps) > MAX_FILES_SHOWN else '')
     return '; '.join(f"{k}: {_fmt(info[k])}" for k in ('modified', 'staged', 'untracked') if info[k])
 
+def ignore_line(path:str) -> str:
+    "The `.gitignore` line that makes the untracked `path`, and the other files of its folder, stop counting"
+    return f"/{path.rsplit('/', 1)[0]}/" if '/' in path else f"/{path}"
+
+def _output_hint(info:dict) -> str:
+    "What to do where an untracked file that counts may be an output of a run"
+    maybe = [p for p in info['untracked'] if p not in info['imported']][:MAX_FILES_SHOWN]
+    if not maybe: return ''
+    lines = ', '.join(dict.fromkeys(f"`{ignore_line(p)}`" for p in maybe))
+    return (f" Untracked files count when they are code a run can execute (a module it imports, a source or "
+            f"configuration file); if {', '.join(maybe)} {'is an output' if len(maybe) == 1 else 'are outputs'} of "
+            f"a run, add {lines} to .gitignore.")
+
 def check_clean(info:dict, # the result of `git_info`
                 allow_dirty:bool=False, # accept a dirty tree; the run must then record `git_patch` to be rebuildable
                ) -> dict:
@@ -185,10 +306,10 @@ def check_clean(info:dict, # the result of `git_info`
                              "code this run uses and its result could not be reproduced. Commit the code (`git add -A "
                              "&& git commit`), or pass allow_dirty=True to record the full patch with the run.")
     if info['dirty']:
-        raise DirtyTreeError(f"The git working tree {info['root']} has uncommitted changes ({_listing(info)}). The "
-                             f"recorded commit {info['commit'][:12]} is not the code that would run, so the result "
+        raise DirtyTreeError(f"The git working tree {info['root']} has uncommitted changes to code ({_listing(info)}). "
+                             f"The recorded commit {info['commit'][:12]} is not the code that would run, so the result "
                              "could not be reproduced. Commit (or stash) these changes, or pass allow_dirty=True to "
-                             "record the patch with the run.")
+                             "record the patch with the run." + _output_hint(info))
     return info
 
 # %% ../nbs/10_provenance.ipynb #e4143b59
@@ -268,17 +389,100 @@ def env_diff(a:dict, # an `environment_info()` result (e.g. from a checkpoint)
     fa,fb = (_flat({k: o.get(k) for k in BIT_IDENTITY_FIELDS}) for o in (a,b))
     return {k: (fa.get(k), fb.get(k)) for k in sorted(set(fa)|set(fb)) if fa.get(k) != fb.get(k)}
 
+# %% ../nbs/10_provenance.ipynb #4779a445
+ENTRY_ENV = tuple(dict.fromkeys([  # the variables a run records, those set: what changes numerics or what runs
+    *DETERMINISTIC_ENV, *PORTABLE_ISA, PORTABLE_THREADS_VAR, 'OMP_NUM_THREADS', 'MKL_NUM_THREADS', 'OPENBLAS_NUM_THREADS',
+    'NUMEXPR_NUM_THREADS', 'OPENBLAS_CORETYPE', 'CUBLAS_WORKSPACE_CONFIG', 'NVIDIA_TF32_OVERRIDE',
+    'TORCH_ALLOW_TF32_CUBLAS_OVERRIDE', 'CUDA_VISIBLE_DEVICES', 'CUDA_LAUNCH_BLOCKING', 'PYTHONHASHSEED', 'WORLD_SIZE',
+    'LOCAL_WORLD_SIZE', 'ACCELERATE_USE_CPU', 'ACCELERATE_MIXED_PRECISION']))
+_PYTHON_OPTS_WITH_VALUE = ('-W', '-X', '--check-hash-based-pycs')  # interpreter options whose value follows
+_COMMAND_KINDS = {'-m': 'module', '-c': 'code', '-': 'stdin'}
+
+def _command(argv:list, root:str|None) -> tuple:
+    "(interpreter options, command) of the command line `argv`: the script (relative to `root`) and its arguments"
+    i = 1
+    while i < len(argv) and argv[i].startswith('-') and argv[i] != '-':
+        if argv[i] in ('-m', '-c'): break
+        i += 1 + (argv[i] in _PYTHON_OPTS_WITH_VALUE)
+    cmd = argv[i:]
+    if cmd and cmd[0] not in _COMMAND_KINDS: cmd = [_relative(cmd[0], root), *cmd[1:]]
+    return argv[1:i], cmd
+
+def _launcher() -> dict|None:
+    "The launcher that started this process among several (torchrun, accelerate launch): world size, nodes"
+    e = os.environ
+    if 'TORCHELASTIC_RUN_ID' not in e and 'ACCELERATE_MIXED_PRECISION' not in e: return None
+    world, local = int(e.get('WORLD_SIZE', 1)), int(e.get('LOCAL_WORLD_SIZE', 1))
+    return dict(name='accelerate' if 'ACCELERATE_MIXED_PRECISION' in e else 'torchrun', world_size=world,
+                nproc_per_node=local, nnodes=max(1, world // local))
+
+def _shell():
+    "The IPython shell running this process's cells (a Jupyter kernel, IPython, nbdev's test runner), or None"
+    ipython = sys.modules.get('IPython')
+    return None if ipython is None else ipython.get_ipython()
+
+def entry_point(root:str|None=None, # the repository root that paths are recorded relative to; None: absolute paths
+               ) -> dict:
+    ("How this process was started: its command, working directory, Python, launcher and the environment variables "
+     "that change what runs; in a notebook, its path and the executed cells")
+    shell = _shell()
+    options, command = _command(list(getattr(sys, 'orig_argv', sys.argv)), root)
+    if shell is not None: kind = 'notebook' if hasattr(shell, 'kernel') else 'ipython'
+    else: kind = _COMMAND_KINDS.get(command[0], 'script') if command else 'interactive'
+    notebook = os.environ.get('JPY_SESSION_NAME') or (shell and shell.user_ns.get('__vsc_ipynb_file__'))
+    return dict(kind=kind, command=command, python_options=options, cwd=_relative(os.getcwd(), root),
+                python=platform.python_version(), env={k: os.environ[k] for k in ENTRY_ENV if k in os.environ},
+                launcher=_launcher(), notebook=_relative(notebook, root) if notebook else None,
+                cells=None if shell is None else list(shell.history_manager.input_hist_raw[1:]))
+
+# %% ../nbs/10_provenance.ipynb #d53d6175
+def _cells(entry:dict) -> list:
+    "The executed cells of `entry` (an `entry_point` result), refusing an entry point that was not a notebook run"
+    if not entry or entry.get('cells') is None:
+        raise ValueError(f"This run was not started in a notebook or IPython (entry point kind "
+                         f"{(entry or {}).get('kind')!r}), so no executed cells were recorded: rerun its command.")
+    return entry['cells']
+
+def _as_python(cell:str) -> str:
+    "`cell` as the Python IPython ran (magics as calls), or as it is where IPython is not installed"
+    try: from IPython.core.inputtransformer2 import TransformerManager
+    except ImportError: return cell
+    return TransformerManager().transform_cell(cell)
+
+def cells_script(entry:dict, # an `entry_point` result (`checkpoint_info(f)['entry']`, a ledger record's `entry`)
+                ) -> str:
+    "The cells a notebook run executed, in execution order, as a Python script"
+    return ''.join(f"# %% executed cell {i}\n{_as_python(c).rstrip()}\n\n" for i, c in enumerate(_cells(entry), 1))
+
+def cells_notebook(entry:dict, # an `entry_point` result
+                  ) -> dict:
+    "The cells a notebook run executed, in execution order, as a notebook (nbformat 4, as JSON)"
+    cells = [dict(cell_type='code', id=f'executed-{i}', metadata={}, execution_count=None, outputs=[],
+                  source=c.splitlines(keepends=True)) for i, c in enumerate(_cells(entry), 1)]
+    meta = dict(kernelspec=dict(name='python3', display_name='Python 3', language='python'))
+    return dict(nbformat=4, nbformat_minor=5, metadata=meta, cells=cells)
+
+def write_cells(entry:dict, # an `entry_point` result
+                fname, # a `.py` file (a script) or an `.ipynb` file (a notebook)
+               ) -> Path:
+    "Write the cells a notebook run executed to `fname`, as a script or a notebook by its suffix"
+    fname = Path(fname)
+    if fname.suffix not in ('.py', '.ipynb'): raise ValueError(f"{fname}: write the cells to a .py or an .ipynb file.")
+    fname.write_bytes(cells_script(entry).encode() if fname.suffix == '.py' else _notebook_bytes(cells_notebook(entry)))
+    return fname
+
 # %% ../nbs/10_provenance.ipynb #83c52b00
 def run_provenance(path='.', # a directory inside the repository of the code that runs
                    allow_dirty:bool=False, # accept uncommitted changes, recording the patch
+                   outputs=(), # folders the run writes to (checkpoints, exports): their files are never code
                   ) -> dict:
-    ("Fields `commit`, `dirty`, `patch`, `git`, `env` and `env_hash` for a run record; raises `DirtyTreeError` on a "
-     "dirty tree")
-    info, patch = _git_state(path)
+    ("Fields `commit`, `dirty`, `patch`, `git`, `entry`, `env` and `env_hash` for a run record; raises "
+     "`DirtyTreeError` on a dirty tree")
+    info, patch = _git_state(path, outputs)
     check_clean(info, allow_dirty)
     env = environment_info()
     return dict(commit=info['commit'], dirty=info['dirty'], patch=None if patch is None else _decode(patch), git=info,
-                env=env, env_hash=env['env_hash'])
+                entry=entry_point(info['root']), env=env, env_hash=env['env_hash'])
 
 # %% ../nbs/10_provenance.ipynb #7dc8cfba
 class RankMismatchError(RuntimeError):
@@ -301,15 +505,29 @@ def check_ranks_agree(prov:dict, # this process's `run_provenance`
 # %% ../nbs/10_provenance.ipynb #206ec647
 PATCH_ZLIB_LEVEL = 6  # zlib's default: text diffs shrink 4-10x
 
-@functools.lru_cache(maxsize=1)  # a run saves the same patch at every checkpoint
-def _compress(patch:str) -> bytes: return zlib.compress(patch.encode('utf-8', 'surrogateescape'), PATCH_ZLIB_LEVEL)
+@functools.lru_cache(maxsize=2)  # a run saves the same patch and cells at every checkpoint
+def _compress(text:str) -> bytes: return zlib.compress(text.encode('utf-8', 'surrogateescape'), PATCH_ZLIB_LEVEL)
+
+def _pack(record:dict|None, key:str, to_text=str) -> dict|None:
+    "`record` with its field `key` stored as zlib-compressed text, `{key}_zlib`"
+    if not record or record.get(key) is None: return record
+    return {**{k: v for k, v in record.items() if k != key}, f'{key}_zlib': _compress(to_text(record[key]))}
+
+def _unpack(record:dict|None, key:str, from_text=str) -> dict|None:
+    "The record `_pack` packed, with its field `key`"
+    packed = f'{key}_zlib'
+    if not record or packed not in record: return record
+    return {**{k: v for k, v in record.items() if k != packed}, key: from_text(_decode(zlib.decompress(record[packed])))}
 
 def pack_git(git:dict|None) -> dict|None:
     "`git` with its text `patch` stored zlib-compressed as `patch_zlib`"
-    if not git or git.get('patch') is None: return git
-    return {**{k: v for k, v in git.items() if k != 'patch'}, 'patch_zlib': _compress(git['patch'])}
-
+    return _pack(git, 'patch')
 def unpack_git(git:dict|None) -> dict|None:
     "The record `pack_git` packed, with its text `patch`"
-    if not git or 'patch_zlib' not in git: return git
-    return {**{k: v for k, v in git.items() if k != 'patch_zlib'}, 'patch': _decode(zlib.decompress(git['patch_zlib']))}
+    return _unpack(git, 'patch')
+def pack_entry(entry:dict|None) -> dict|None:
+    "`entry` with its executed `cells` stored zlib-compressed as `cells_zlib`"
+    return _pack(entry, 'cells', json.dumps)
+def unpack_entry(entry:dict|None) -> dict|None:
+    "The record `pack_entry` packed, with its `cells`"
+    return _unpack(entry, 'cells', json.loads)
