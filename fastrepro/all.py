@@ -24,6 +24,7 @@ from .audit import NondeterminismError, NondeterminismWarning, audit_model, audi
 from .trace import first_divergence, save_trace, load_trace, state_digest, RunRecord, same_run, plot_losses
 from .provenance import DirtyTreeError, ProvenanceWarning, RankMismatchError
 from .provenance import git_info, git_patch, check_clean, environment_info, env_diff, run_provenance
+from .provenance import entry_point, cells_script, cells_notebook, write_cells
 from .ledger import Ledger, LedgerError, metrics_frame, metric_column
 from .stats import compare, ablation, seeds_needed, seed_power, cohens_d, hedges_g, ComparisonWarning
 from .sweep import repeat, pinned, SweepError, WorkerError
