@@ -21,7 +21,8 @@ from .data import make_deterministic, undo_deterministic, set_epoch, loader_orde
 from .distrib import world_size
 from .audit import audit_fit, audit_resume, Findings
 from .trace import Trace, TRACE_EVERY
-from .provenance import run_provenance, environment_info, git_info, pack_git, unpack_git, pack_entry, unpack_entry, check_ranks_agree
+from .provenance import (run_provenance, environment_info, git_info, pack_git, unpack_git, pack_entry,
+                                  unpack_entry, check_ranks_agree)
 from .ledger import Ledger
 
 # %% auto #0

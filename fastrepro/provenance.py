@@ -80,8 +80,9 @@ def _status(repo:git.Repo) -> dict:
     return _parse_status(_git(repo, 'status', '--porcelain=v2', '--branch', '-z', '--untracked-files=all'))
 
 # %% ../nbs/10_provenance.ipynb #69f6d8f6
-MAX_CODE_BYTES = 1_000_000  # source and configuration files are KBs; a larger changed file is data, weights or an output,
-                            # and in the patch it would ride along in every checkpoint of every later run
+# Source and configuration files are KBs; a larger changed file is data, weights or an output,
+# and in the patch it would ride along in every checkpoint of every later run
+MAX_CODE_BYTES = 1_000_000
 CODE_SUFFIXES = ('.py', '.pyx', '.pxd', '.pyi', '.ipynb', '.c', '.h', '.cc', '.cpp', '.hpp', '.cu', '.cuh', '.sh',
                  '.toml', '.cfg', '.ini', '.yaml', '.yml', '.json', '.conf')  # what a run executes or reads as settings
 CODE_NAMES = ('Makefile', 'Dockerfile', 'requirements*.txt', 'constraints*.txt')  # settings without a code suffix
@@ -269,7 +270,7 @@ def git_info(path='.', # a directory inside the repository (the repository is se
 def git_patch(path='.', # a directory inside the repository
               outputs=(), # folders a run writes to: never in the patch
              ) -> str:
-    "The uncommitted changes of the code in the repository containing `path`, as a patch `git apply` replays on its commit"
+    "The uncommitted changes of the code in the repository of `path`, as a patch `git apply` replays on its commit"
     info, patch = _inspect(Path(path).resolve(), outputs)
     if not info['is_repo']:
         raise ValueError(f"{Path(path).resolve()} is not inside a git repository, so there is no patch "
@@ -391,10 +392,10 @@ def env_diff(a:dict, # an `environment_info()` result (e.g. from a checkpoint)
 
 # %% ../nbs/10_provenance.ipynb #4779a445
 ENTRY_ENV = tuple(dict.fromkeys([  # the variables a run records, those set: what changes numerics or what runs
-    *DETERMINISTIC_ENV, *PORTABLE_ISA, PORTABLE_THREADS_VAR, 'OMP_NUM_THREADS', 'MKL_NUM_THREADS', 'OPENBLAS_NUM_THREADS',
-    'NUMEXPR_NUM_THREADS', 'OPENBLAS_CORETYPE', 'CUBLAS_WORKSPACE_CONFIG', 'NVIDIA_TF32_OVERRIDE',
-    'TORCH_ALLOW_TF32_CUBLAS_OVERRIDE', 'CUDA_VISIBLE_DEVICES', 'CUDA_LAUNCH_BLOCKING', 'PYTHONHASHSEED', 'WORLD_SIZE',
-    'LOCAL_WORLD_SIZE', 'ACCELERATE_USE_CPU', 'ACCELERATE_MIXED_PRECISION']))
+    *DETERMINISTIC_ENV, *PORTABLE_ISA, PORTABLE_THREADS_VAR, 'OMP_NUM_THREADS', 'MKL_NUM_THREADS',
+    'OPENBLAS_NUM_THREADS', 'NUMEXPR_NUM_THREADS', 'OPENBLAS_CORETYPE', 'CUBLAS_WORKSPACE_CONFIG',
+    'NVIDIA_TF32_OVERRIDE', 'TORCH_ALLOW_TF32_CUBLAS_OVERRIDE', 'CUDA_VISIBLE_DEVICES', 'CUDA_LAUNCH_BLOCKING',
+    'PYTHONHASHSEED', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'ACCELERATE_USE_CPU', 'ACCELERATE_MIXED_PRECISION']))
 _PYTHON_OPTS_WITH_VALUE = ('-W', '-X', '--check-hash-based-pycs')  # interpreter options whose value follows
 _COMMAND_KINDS = {'-m': 'module', '-c': 'code', '-': 'stdin'}
 
@@ -517,7 +518,8 @@ def _unpack(record:dict|None, key:str, from_text=str) -> dict|None:
     "The record `_pack` packed, with its field `key`"
     packed = f'{key}_zlib'
     if not record or packed not in record: return record
-    return {**{k: v for k, v in record.items() if k != packed}, key: from_text(_decode(zlib.decompress(record[packed])))}
+    text = _decode(zlib.decompress(record[packed]))
+    return {**{k: v for k, v in record.items() if k != packed}, key: from_text(text)}
 
 def pack_git(git:dict|None) -> dict|None:
     "`git` with its text `patch` stored zlib-compressed as `patch_zlib`"

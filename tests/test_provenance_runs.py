@@ -147,8 +147,9 @@ def test_entry_point_of_a_torchrun_launch(tmp_path):
     assert _last_entry(root, 'ddp') == entry
 
 
+# IPython keeps no last newline
 NOTEBOOK_CELLS = ['x = 1', TRAIN.split('args = p.parse_args()\n')[1].replace('args.allow_dirty', 'False')
-                  .replace('args.lr', '1e-2').replace('args.name', "'nb'").rstrip('\n')]  # IPython keeps no last newline
+                  .replace('args.lr', '1e-2').replace('args.name', "'nb'").rstrip('\n')]
 
 
 def test_a_notebook_run_in_a_kernel(tmp_path, monkeypatch):
