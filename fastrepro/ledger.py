@@ -18,7 +18,7 @@ __all__ = ['LEDGER_ENV', 'DEFAULT_LEDGER', 'SERVER_SCHEMES', 'SCHEMA_VERSION', '
            'VALUE_FIELDS', 'TIME_FIELDS', 'STATUSES', 'BUSY_TIMEOUT_S', 'CONNECT_TIMEOUT_S', 'MAX_RETRIES',
            'RETRY_WAIT_S', 'SCHEMA_LOCK', 'RECORD_TIMEOUT_S', 'SPOOL_NAME', 'PG_BIN_GLOB', 'PG_START_TIMEOUT_S',
            'PG_PORT_TRIES', 'ledger_address', 'LedgerError', 'metrics_frame', 'metric_column', 'SQLiteDB', 'PostgresDB',
-           'Ledger', 'spool_address', 'Spool', 'postgres_bin', 'local_postgres']
+           'Ledger', 'spool_address', 'LedgerWarning', 'Spool', 'postgres_bin', 'local_postgres']
 
 # %% ../nbs/11_ledger.ipynb #3d281ab1
 LEDGER_ENV = 'FASTREPRO_LEDGER'  # environment variable naming the default ledger (a file path or a server URL)
@@ -475,6 +475,9 @@ def spool_address(address) -> str:
     a = ledger_address(address)
     return _hide_password(a) if isinstance(a, str) else str(a.resolve())
 
+class LedgerWarning(UserWarning):
+    "The ledger could not take a record, which was spooled (or lost): training went on"
+
 class Spool:
     "Ledger records kept beside a run while their ledger cannot take them: an SQLite file, one row per record"
     def __init__(self, path:Path|str): self.path = Path(path)
@@ -518,7 +521,7 @@ class Spool:
 
     def sync(self, ledger:Ledger) -> int:
         "Send the records spooled for `ledger` to it, each exactly once; returns how many were sent"
-        todo = self.records(spool_address(ledger.db.url if isinstance(ledger.db, PostgresDB) else ledger.db.path))
+        todo = self.records(spool_address(ledger.db.address))
         for key, _, rec, stamp in todo:
             ledger.put(key, rec)  # committed: a sync killed after this line sends the record again, to the same run
             self.drop(key, stamp)
