@@ -328,7 +328,7 @@ class ReproCB(Callback):
         return inside_problem(self.learn, self.deterministic_data) if self.active and self.position.batch else None
 
     def note(self, event:str):
-        "Record `event` (what went wrong, e.g. a checkpoint not written) in the trace, at this iteration, and the ledger"
+        "Record `event` (what went wrong, e.g. a checkpoint not written) in the trace, at this iteration, and ledger"
         self.trace.note(self.learn.train_iter, event)
         self.record.note(event)
 

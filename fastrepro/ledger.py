@@ -211,6 +211,9 @@ def _server_hint(e:Exception) -> str:
     "The one thing to do about a server's error `e`, where its message says"
     return first((h for k,h in _SERVER_HINTS.items() if k in str(e).lower()), '') or ''
 
+# what SQLite says when its file system refuses: full, read-only (WAL cannot open its shared memory), failing
+_UNWRITABLE = ('full', 'readonly', 'disk I/O error', 'unable to open database file')
+
 class SQLiteDB:
     "An embedded ledger: one SQLite file, in WAL mode (readers never block the writer), on a local disk"
     key = 'INTEGER PRIMARY KEY AUTOINCREMENT'  # the `{id}` column of `SCHEMA`: ids are never reused
@@ -219,7 +222,9 @@ class SQLiteDB:
     def connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         con = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-        if con.execute('PRAGMA journal_mode').fetchone()[0] != 'wal': con.execute('PRAGMA journal_mode=WAL')
+        try:
+            if con.execute('PRAGMA journal_mode').fetchone()[0] != 'wal': con.execute('PRAGMA journal_mode=WAL')
+        except BaseException: con.close(); raise  # no open file left behind on a disk that fails
         return con
     def sql(self, s:str) -> str: return s  # the queries are written with SQLite's `?` placeholders
     def begin(self, con, lock:bool=False): con.execute('BEGIN IMMEDIATE')  # the write lock is the ledger's lock
@@ -232,7 +237,7 @@ class SQLiteDB:
         if isinstance(e, sqlite3.DatabaseError) and 'not a database' in str(e):
             return LedgerError(f"{self.path} is not an SQLite database, so it is no fastrepro ledger. Point `Ledger` "
                                f"(or {LEDGER_ENV}) at a ledger file or at a new path.")
-        if isinstance(e, sqlite3.OperationalError) and ('full' in str(e) or 'readonly' in str(e)):
+        if isinstance(e, sqlite3.OperationalError) and any(s in str(e) for s in _UNWRITABLE):
             return LedgerError(f"The ledger {self.path} cannot be written: {_one_line(e)} ({_free_space(self.path)} "
                                "free there). Free space, or point the ledger at a writable disk.")
 
