@@ -23,7 +23,8 @@ from .audit import audit_fit, audit_resume, Findings
 from .trace import Trace, TRACE_EVERY
 from .provenance import (run_provenance, environment_info, git_info, pack_git, unpack_git, pack_entry,
                                   unpack_entry, check_ranks_agree)
-from .ledger import Ledger, Spool, SPOOL_NAME, RECORD_TIMEOUT_S, spool_address, LedgerWarning, _one_line
+from .ledger import (Ledger, Spool, SPOOL_NAME, RECORD_TIMEOUT_S, spool_address, LedgerWarning, _one_line,
+                              _hide_password)
 
 # %% auto #0
 __all__ = ['SEED_DRAW_BITS', 'LOSS_NAMES', 'DEFAULT_EXPERIMENT', 'fit_metrics', 'FitRecord', 'FitProvenance', 'ReproCB',
@@ -143,7 +144,9 @@ class FitRecord:
             self._warn(e, f"it is kept in {self.spool.path}; the next fit here that reaches the ledger sends it, "
                           f"or now: fastrepro runs --sync {self.spool.path} --ledger {self._shown()}")
 
-    def _shown(self) -> str: return self.ledger.db.address if isinstance(self.ledger, Ledger) else str(self.ledger)
+    def _shown(self) -> str:
+        "The ledger's address as said to the user: without its password"
+        return self.ledger.db.address if isinstance(self.ledger, Ledger) else _hide_password(str(self.ledger))
 
     def _warn(self, e:Exception, what:str):
         "Say once per fit that the ledger failed, what became of the record, and that training goes on"

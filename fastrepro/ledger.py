@@ -244,14 +244,15 @@ class SQLiteDB:
 class PostgresDB:
     "A ledger on a PostgreSQL server (`pip install 'fastrepro[team]'`): for runs from several machines"
     key = 'BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY'
-    def __init__(self, url:str, timeout:float=CONNECT_TIMEOUT_S):
+    def __init__(self, url:str, timeout:float|None=None):  # None: `CONNECT_TIMEOUT_S`
         self.url, self.address, self.timeout = url, _hide_password(url), timeout
     def exists(self) -> bool: return True  # a database that does not exist is the server's error
     def connect(self):
         try: import psycopg
         except ImportError: raise LedgerError(f"The ledger {self.address} is on a PostgreSQL server, which needs the "
                                               "psycopg driver: pip install 'fastrepro[team]'.") from None
-        params = dict(connect_timeout=round(self.timeout), options=f'-c lock_timeout={round(BUSY_TIMEOUT_S*1000)}')
+        params = dict(connect_timeout=round(self.timeout or CONNECT_TIMEOUT_S),
+                      options=f'-c lock_timeout={round(BUSY_TIMEOUT_S*1000)}')
         return psycopg.connect(**{**params, **psycopg.conninfo.conninfo_to_dict(self.url)}, autocommit=True)
     def sql(self, s:str) -> str: return s.replace('?', '%s')
     def begin(self, con, lock:bool=False):
@@ -272,7 +273,7 @@ class Ledger:
     "The run ledger: an SQLite file or a PostgreSQL database (default: `ledger_address()`), created on first use"
     def __init__(self, address=None, # a file path, or a postgresql://user:password@host:port/db URL
                  create:bool=True, # create the ledger where there is none (False: a `LedgerError`)
-                 timeout:float=CONNECT_TIMEOUT_S, # seconds to wait for a ledger server to answer
+                 timeout:float|None=None, # seconds to wait for a ledger server (None: `CONNECT_TIMEOUT_S`)
                 ):
         a = ledger_address(address)
         self.db = PostgresDB(a, timeout) if isinstance(a, str) else SQLiteDB(a)
