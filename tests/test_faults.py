@@ -249,3 +249,16 @@ def test_resumed_fit_continues_its_spooled_record(tmp_path):
     assert len(Ledger(db)) == 2 and len(spool) == 0
     assert (runs.status.iloc[0], runs.notes.iloc[0]) == ('completed', 'resumed at epoch 1')
     assert runs.metrics.iloc[0]['final']['valid_loss'] == float(res.recorder.values[-1][1])
+
+def test_format4_checkpoint_names_its_record_by_id(tmp_path):
+    "A checkpoint of format 4 names its ledger record by the ledger's id: a resume continues that record, keyed now"
+    from fastrepro.all import FitRecord
+    ledger = Ledger(tmp_path/'runs.db')
+    old = ledger.add(dict(experiment='exp', seed=3, status='interrupted', duration=2.5))
+    learn = fit(synth_learner(path=tmp_path), 1)
+    rec = FitRecord(ledger, 'exp')
+    rec.start(learn, seed=3, fit=0, start_epoch=1, prov={}, resumed=old); rec.end(learn)
+    runs = ledger.runs()
+    assert len(runs) == 1 and runs.run_key.iloc[0] == rec.run_id
+    assert (runs.status.iloc[0], runs.notes.iloc[0]) == ('completed', 'resumed at epoch 1')
+    assert runs.duration.iloc[0] > 2.5  # the earlier segment's time and this one's
