@@ -6,7 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/callback.html.md"""
 
 # %% ../nbs/03_callback.ipynb #04a93941
 from __future__ import annotations
-import time, secrets, random
+import time, uuid, secrets, random
 import numpy as np
 import pandas as pd
 from fastai.basics import *
@@ -23,7 +23,8 @@ from .audit import audit_fit, audit_resume, Findings
 from .trace import Trace, TRACE_EVERY
 from .provenance import (run_provenance, environment_info, git_info, pack_git, unpack_git, pack_entry,
                                   unpack_entry, check_ranks_agree)
-from .ledger import Ledger
+from .ledger import (Ledger, Spool, SPOOL_NAME, RECORD_TIMEOUT_S, spool_address, LedgerWarning, _one_line,
+                              _hide_password)
 
 # %% auto #0
 __all__ = ['SEED_DRAW_BITS', 'LOSS_NAMES', 'DEFAULT_EXPERIMENT', 'fit_metrics', 'FitRecord', 'FitProvenance', 'ReproCB',
@@ -53,30 +54,38 @@ def _fit_end(exc:BaseException|None=None, cancelled:bool=False) -> tuple:
     return ('interrupted', 'cancelled (CancelFitException)') if cancelled else ('completed', None)
 
 class FitRecord:
-    "A fit's record in a ledger: added as 'running' when the fit starts, completed, failed or interrupted when it ends"
+    ("A fit's record in a ledger: added as 'running' when the fit starts, completed, failed or interrupted when it "
+     "ends; spooled beside the run (`Spool`) while the ledger cannot take it")
     def __init__(self, ledger:Ledger|str|Path|None=None, experiment:str|None=None, variant:str|None=None,
                  metric_version:str|None=None, tags:dict|None=None):
-        self.ledger = Ledger(ledger) if isinstance(ledger, (str, Path)) else ledger
-        store_attr('experiment,variant,metric_version,tags')
-        # the record; this segment's start; time trained before
-        self.run_id, self.started, self.earlier = None, None, 0.
+        store_attr('ledger,experiment,variant,metric_version,tags')  # an address is opened when a fit first writes
+        self.run_id, self.fields, self.spool = None, {}, None  # the record's key (`run_key`), fields and spool
+        self.started, self.earlier, self.events = None, 0., []  # this segment's start; time trained before; notes
+        self._told = False  # warned this fit that the ledger failed
 
-    def start(self, learn, seed:int, fit:int, start_epoch:int, prov:dict, resumed:int|None=None):
-        "Add the record of a fit; resuming (`resumed`: the interrupted fit's record), mark that record running again"
+    def start(self, learn, seed:int, fit:int, start_epoch:int, prov:dict,
+              resumed:str|int|None=None, # the interrupted fit's record: its key (its id in a format-4 checkpoint)
+             ):
+        "Add the record of a fit; resuming, mark the interrupted fit's record running again"
         if self.ledger is None or rank_distrib(): return  # one record per fit: rank 0's
-        self.started = time.time()
-        prev = self.ledger.runs(id=resumed) if resumed is not None else []
-        if len(prev):
-            self.run_id, self.earlier = resumed, float(np.nan_to_num(prev.duration.iloc[0]))
-            return self.ledger.update(resumed, status='running', notes=f"resumed at epoch {start_epoch}")
+        self.started, self.events, self._told = time.time(), [], False
+        self.spool = Spool(Path(learn.path)/learn.model_dir/SPOOL_NAME)
+        prev = self._previous(resumed)
+        if prev is not None:
+            self.run_id, self.fields = prev
+            self.earlier = float(np.nan_to_num(self.fields.get('duration') or 0.))
+            self.fields.update(status='running', notes=f"resumed at epoch {start_epoch}")
+            return self._write()
         hp = dict(lr=float(learn.opt.hypers[-1]['lr']) if learn.opt is not None else None, epochs=learn.n_epoch,
                   bs=getattr(learn.dls, 'bs', None), arch=type(get_model(learn.model)).__name__,
                   loss_func=type(learn.loss_func).__name__, fit_idx=fit, start_epoch=start_epoch,
                   world_size=world_size())
-        self.run_id, self.earlier = self.ledger.add(dict(
+        self.run_id = resumed if isinstance(resumed, str) else uuid.uuid4().hex  # an unreadable resumed record: its key
+        self.earlier, self.fields = 0., dict(
             experiment=self.experiment or DEFAULT_EXPERIMENT, variant=self.variant, seed=seed, hyperparameters=hp,
             tags=self.tags, metric_version=self.metric_version, data_fingerprint=data_fingerprint(learn.dls),
-            status='running', started=self.started, **prov)), 0.
+            status='running', started=self.started, **prov)
+        self._write()
 
     def end(self, learn,
             exc:BaseException|None=None, # what the fit raised, if it raised
@@ -85,9 +94,66 @@ class FitRecord:
         "Complete the running record: how the fit ended, its metrics, finish time and training time"
         if self.ledger is None or self.started is None: return
         now, (status, notes) = time.time(), _fit_end(exc, cancelled)
-        self.ledger.update(self.run_id, status=status, metrics=fit_metrics(learn), finished=now,
-                           duration=self.earlier + now - self.started, **({} if notes is None else {'notes': notes}))
+        self.fields.update(status=status, metrics=fit_metrics(learn), finished=now,
+                           duration=self.earlier + now - self.started)
+        if notes is not None: self.events.append(notes)
+        self._write()
         self.started = None  # `run_id` stays: a resume of this fit continues its record
+
+    def note(self, event:str):
+        "Add `event` (e.g. a checkpoint that could not be written) to the running record's notes"
+        if self.ledger is None or self.started is None: return
+        self.events.append(event); self._write()
+
+    def _previous(self, resumed) -> tuple|None:
+        "`(key, fields)` of the record a resumed fit continues: spooled beside the run, or in the ledger"
+        if resumed is None: return None
+        if isinstance(resumed, str) and self.spool.record(resumed) is not None:
+            return resumed, self.spool.record(resumed)
+        try:
+            ledger = self._ledger()
+            if isinstance(resumed, str): return (resumed, ledger.record(resumed)) if ledger.record(resumed) else None
+            runs = ledger.runs(id=resumed)  # a format-4 checkpoint names the record by its id: give it a key
+            if not len(runs): return None
+            key = uuid.uuid4().hex
+            ledger.update(resumed, run_key=key)
+            return key, ledger.record(key)
+        except Exception: return None  # unreachable: the fit starts a record of its own, under the same key
+
+    def _ledger(self) -> Ledger:
+        "The ledger, opened (with `RECORD_TIMEOUT_S` for a server) if it was given as an address"
+        if not isinstance(self.ledger, Ledger): self.ledger = Ledger(self.ledger, timeout=RECORD_TIMEOUT_S)
+        return self.ledger
+
+    def _address(self) -> str:
+        return spool_address(self.ledger.db.address if isinstance(self.ledger, Ledger) else self.ledger)
+
+    def _write(self):
+        "Put the record in the ledger and send what the spool holds for it; where the ledger fails, spool the record"
+        fields = dict(self.fields, notes='; '.join(filter(None, [self.fields.get('notes'), *self.events])) or None)
+        try:
+            ledger = self._ledger()
+            ledger.put(self.run_id, fields)
+            self.spool.drop(self.run_id)  # an older state of it, spooled when the ledger failed
+            self.spool.sync(ledger)
+        except Exception as e:
+            try: self.spool.put(self._address(), self.run_id, fields)
+            except Exception as e2:
+                return self._warn(e, f"nor could it be kept in {self.spool.path} ({_one_line(e2)}): this state of the "
+                                     "record is lost.")
+            self._warn(e, f"it is kept in {self.spool.path}; the next fit here that reaches the ledger sends it, "
+                          f"or now: fastrepro runs --sync {self.spool.path} --ledger {self._shown()}")
+
+    def _shown(self) -> str:
+        "The ledger's address as said to the user: without its password"
+        return self.ledger.db.address if isinstance(self.ledger, Ledger) else _hide_password(str(self.ledger))
+
+    def _warn(self, e:Exception, what:str):
+        "Say once per fit that the ledger failed, what became of the record, and that training goes on"
+        if self._told: return
+        self._told = True
+        warnings.warn(f"The ledger {self._shown()} could not record this fit ({_one_line(e)}); {what} Training goes "
+                      "on.", LedgerWarning)
 
 # %% ../nbs/03_callback.ipynb #d5df32c9
 class FitProvenance:
@@ -263,6 +329,11 @@ class ReproCB(Callback):
     def inside_problem(self) -> str|None:
         "Why a checkpoint written now, inside an epoch, could not be resumed exactly; None when it could"
         return inside_problem(self.learn, self.deterministic_data) if self.active and self.position.batch else None
+
+    def note(self, event:str):
+        "Record `event` (what went wrong, e.g. a checkpoint not written) in the trace, at this iteration, and ledger"
+        self.trace.note(self.learn.train_iter, event)
+        self.record.note(event)
 
     def _end_fit(self, exc:BaseException|None=None):
         "Put back what the fit changed, and complete its record; also when it raised"

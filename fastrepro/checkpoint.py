@@ -6,7 +6,8 @@ Docs: https://fastrepro.github.io/fastrepro/checkpoint.html.md"""
 
 # %% ../nbs/02_checkpoint.ipynb #95a33e88
 from __future__ import annotations
-import os, sys, ctypes, importlib, pickle, hashlib, zipfile, tempfile, warnings, functools
+import os, sys, shutil, ctypes, importlib, pickle, hashlib, zipfile, tempfile, warnings, functools
+import errno as errno_module
 from fastai.basics import *
 from fastai.text.learner import TextLearner, clean_raw_keys
 from fastai.callback.tracker import TrackerCallback, ReduceLROnPlateau
@@ -17,11 +18,12 @@ from .distrib import distributed, gather
 
 # %% auto #0
 __all__ = ['STATE_KEY', 'FORMAT_VERSION', 'TMP_PREFIX', 'DURABLE', 'CheckpointError', 'ResumeError', 'atomic_torch_save',
-           'fastai_safe_globals', 'read_checkpoint', 'split_state', 'model_signature', 'data_signature',
-           'data_fingerprint', 'check_compatible', 'checkpoint_state', 'callback_states', 'to_plain',
-           'checkpoint_summary', 'checkpoint_info', 'recorder_state', 'set_recorder_state', 'grad_presence',
-           'set_grad_presence', 'carried_state', 'set_carried_state', 'metric_states', 'set_metric_states',
-           'fastai_callback_states', 'set_fastai_callback_states', 'checkpoint_upgrade', 'upgrade_state']
+           'CheckpointWriteError', 'write_failure', 'fastai_safe_globals', 'read_checkpoint', 'split_state',
+           'model_signature', 'data_signature', 'data_fingerprint', 'check_compatible', 'checkpoint_state',
+           'callback_states', 'to_plain', 'checkpoint_summary', 'checkpoint_info', 'recorder_state',
+           'set_recorder_state', 'grad_presence', 'set_grad_presence', 'carried_state', 'set_carried_state',
+           'metric_states', 'set_metric_states', 'fastai_callback_states', 'set_fastai_callback_states',
+           'checkpoint_upgrade', 'upgrade_state']
 
 # %% ../nbs/02_checkpoint.ipynb #f299278a
 STATE_KEY = '__fastrepro__'   # where fastrepro's state lives inside the optimizer entry
@@ -70,9 +72,44 @@ def atomic_torch_save(obj, # what to save with `torch.save`
             torch.save(obj, f, **torch_save_kwargs)
             if durable: f.flush(); os.fsync(f.fileno())
         _move_into_place(tmp, file)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp): os.unlink(tmp)
-        raise
+        err = write_failure(e, file)
+        if err is None: raise
+        raise err from e
+
+# %% ../nbs/02_checkpoint.ipynb #7bb9ac69
+class CheckpointWriteError(CheckpointError):
+    "A checkpoint the system refused to write (no space, read-only, permission, I/O error); the previous one is intact"
+    def __init__(self, msg:str, path:Path, errno:int, free:int|None):
+        super().__init__(msg)
+        self.path, self.errno, self.free = path, errno, free
+
+def _os_error(e:BaseException) -> OSError|None:
+    "The `OSError` with an errno in `e`'s chain of causes and contexts (torch keeps its writer's there), or None"
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError) and e.errno: return e
+        seen.add(id(e)); e = e.__cause__ or e.__context__
+    return None
+
+def _free_bytes(folder:Path) -> int|None:
+    try: return shutil.disk_usage(folder).free
+    except OSError: return None
+
+def write_failure(e:BaseException, # what writing `file` raised
+                  file:Path, # the file that was being written
+                 ) -> CheckpointWriteError|None:
+    "`e` in plain words, when the system refused the write: what failed, where, the free space and the errno"
+    os_e = _os_error(e)
+    if os_e is None: return None
+    file, free = Path(file), _free_bytes(Path(file).parent)
+    code = errno_module.errorcode.get(os_e.errno, '?')
+    where = f"{free:,} bytes free there" if free is not None else "free space unknown"
+    kept = f"the previous {file.name} is intact" if file.exists() else f"there is no previous {file.name}"
+    return CheckpointWriteError(f"Could not write the checkpoint {file}: {os.strerror(os_e.errno)} (errno "
+                                f"{os_e.errno} {code}; {where}); {kept}. Free space there, or save to another "
+                                "folder (`learn.path`, `learn.model_dir`).", file, os_e.errno, free)
 
 # %% ../nbs/02_checkpoint.ipynb #b08a1198
 def fastai_safe_globals() -> list:

@@ -9,11 +9,13 @@ from __future__ import annotations
 import sys, json, argparse, warnings
 import numpy as np, pandas as pd
 from fastcore.basics import *
-from .ledger import Ledger, LedgerError, metrics_frame, LEDGER_ENV, STATUSES
+from pathlib import Path
+from .ledger import Ledger, LedgerError, Spool, SPOOL_NAME, metrics_frame, LEDGER_ENV, STATUSES
 
 # %% auto #0
 __all__ = ['COMMANDS', 'EXIT_USAGE', 'EXIT_REGRESSION', 'LEDGER_ARG', 'COMPARE_NEEDS', 'CLIError', 'arg', 'command', 'parser',
-           'main', 'env_command', 'open_ledger', 'runs_command', 'compare_command', 'diff_command', 'demo_command']
+           'main', 'env_command', 'open_ledger', 'sync_spools', 'runs_command', 'compare_command', 'diff_command',
+           'demo_command']
 
 # %% ../nbs/14_cli.ipynb #37049b5c
 COMMANDS = {}  # subcommand name -> (function, arguments)
@@ -115,13 +117,28 @@ def _jsonable(v):
     return v.item() if isinstance(v, np.generic) else v
 
 # %% ../nbs/14_cli.ipynb #16c7b7af
+def sync_spools(spools:list, # spool files (`Spool`), or folders holding one (a run's `models`)
+                address=None, # the ledger (default: `ledger_address()`), created if it does not exist yet
+               ) -> Ledger:
+    "Send the records spooled for the ledger at `address` in `spools` to it, each exactly once; returns the ledger"
+    ledger = Ledger(address)
+    for f in map(Path, spools):
+        sp = Spool(f/SPOOL_NAME if f.is_dir() else f)
+        if not sp.path.exists(): raise CLIError(f"No spool at {sp.path}: give a file a fit named in its warning.")
+        n, left = sp.sync(ledger), {a for _,a,_,_ in sp.records()}
+        print(f"Sent {n} record(s) from {sp.path} to {ledger.db.address}." + (
+              f" Left there, for other ledgers: {sorted(left)}." if left else ''))
+    return ledger
+
 @command('runs', LEDGER_ARG, arg('--experiment', help='only this experiment'),
          arg('--variant', help='only this variant'),
          arg('--status', choices=STATUSES, help='only runs with this status'),
-         arg('--json', action='store_true', help='print all fields as JSON'))
+         arg('--json', action='store_true', help='print all fields as JSON'),
+         arg('--sync', metavar='SPOOL', nargs='+', help='first send the records spooled in these files (a fit '
+             'writes them beside its checkpoints while the ledger is unreachable)'))
 def runs_command(args):
     "List the runs recorded in a ledger, oldest first"
-    ledger = open_ledger(args.ledger)
+    ledger = open_ledger(args.ledger) if args.sync is None else sync_spools(args.sync, args.ledger)
     if args.experiment or args.variant: ledger.check_known(args.experiment, args.variant)
     filters = {k: getattr(args, k) for k in ('experiment', 'variant', 'status') if getattr(args, k) is not None}
     runs = ledger.runs(**filters)

@@ -16,9 +16,9 @@ from .stats import compare, CompareResult, ComparisonWarning
 # %% auto #0
 __all__ = ['LEDGER_ENV', 'DEFAULT_LEDGER', 'SERVER_SCHEMES', 'SCHEMA_VERSION', 'SCHEMA', 'MIGRATIONS', 'FIELDS', 'JSON_FIELDS',
            'VALUE_FIELDS', 'TIME_FIELDS', 'STATUSES', 'BUSY_TIMEOUT_S', 'CONNECT_TIMEOUT_S', 'MAX_RETRIES',
-           'RETRY_WAIT_S', 'SCHEMA_LOCK', 'PG_BIN_GLOB', 'PG_START_TIMEOUT_S', 'PG_PORT_TRIES', 'ledger_address',
-           'LedgerError', 'metrics_frame', 'metric_column', 'SQLiteDB', 'PostgresDB', 'Ledger', 'postgres_bin',
-           'local_postgres']
+           'RETRY_WAIT_S', 'SCHEMA_LOCK', 'RECORD_TIMEOUT_S', 'SPOOL_NAME', 'PG_BIN_GLOB', 'PG_START_TIMEOUT_S',
+           'PG_PORT_TRIES', 'ledger_address', 'LedgerError', 'metrics_frame', 'metric_column', 'SQLiteDB', 'PostgresDB',
+           'Ledger', 'spool_address', 'LedgerWarning', 'Spool', 'postgres_bin', 'local_postgres']
 
 # %% ../nbs/11_ledger.ipynb #3d281ab1
 LEDGER_ENV = 'FASTREPRO_LEDGER'  # environment variable naming the default ledger (a file path or a server URL)
@@ -31,21 +31,24 @@ def ledger_address(address=None) -> Path|str:
     return a if isinstance(a, str) and a.startswith(SERVER_SCHEMES) else Path(a).expanduser()
 
 # %% ../nbs/11_ledger.ipynb #0e821f92
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SCHEMA = [  # a ledger of version SCHEMA_VERSION; JSON fields and `metric_version`, `data_fingerprint` as JSON text
     '''CREATE TABLE runs (id {id}, experiment TEXT NOT NULL, variant TEXT, seed BIGINT, "commit" TEXT,
        dirty INTEGER, patch TEXT, git TEXT, env_hash TEXT, env TEXT, hyperparameters TEXT, tags TEXT, metrics TEXT,
        metric_version TEXT, data_fingerprint TEXT, status TEXT NOT NULL, started TEXT, finished TEXT,
-       duration DOUBLE PRECISION, notes TEXT, entry TEXT)''',
+       duration DOUBLE PRECISION, notes TEXT, entry TEXT, run_key TEXT)''',
     'CREATE INDEX runs_experiment_variant ON runs (experiment, variant)',
+    'CREATE UNIQUE INDEX runs_run_key ON runs (run_key)',
     'CREATE TABLE ledger_schema (version INTEGER NOT NULL)',
 ]
 MIGRATIONS = {  # version v -> the statements that bring a version-v ledger to version v+1
     1: ['ALTER TABLE runs ADD COLUMN entry TEXT'],  # 2: how the run was started (`entry_point`)
+    # 3: the key a run's writer gives it, so that writing it again (a spooled record sent twice) updates it
+    2: ['ALTER TABLE runs ADD COLUMN run_key TEXT', 'CREATE UNIQUE INDEX runs_run_key ON runs (run_key)'],
 }
 FIELDS = ('experiment', 'variant', 'seed', 'commit', 'dirty', 'patch', 'git', 'env_hash', 'env', 'hyperparameters',
           'tags', 'metrics', 'metric_version', 'data_fingerprint', 'status', 'started', 'finished', 'duration', 'notes',
-          'entry')
+          'entry', 'run_key')
 JSON_FIELDS = ('git', 'env', 'hyperparameters', 'tags', 'metrics', 'entry')  # dicts; select on them in the DataFrame
 VALUE_FIELDS = ('metric_version', 'data_fingerprint')  # any JSON value, stored with its type and filterable
 TIME_FIELDS = ('started', 'finished')
@@ -191,6 +194,26 @@ SCHEMA_LOCK = 0x66727072  # PostgreSQL advisory lock key held while a ledger is 
 def _one_line(e:Exception) -> str: return ' '.join(str(e).split())
 def _hide_password(url:str) -> str: return re.sub(r'(://[^:/@]*):[^@/]*@', r'\1:***@', url)
 
+def _free_space(path:Path) -> str:
+    "How much the file system of `path` (or of its nearest existing folder) has free, in words"
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent: p = p.parent
+    try: return f"{shutil.disk_usage(p).free:,} bytes"
+    except OSError: return "unknown space"
+
+_SERVER_HINTS = {  # what a server's message means a user should do
+    'password': ". Give the password in the URL (postgresql://user:password@host:port/db), in PGPASSWORD or in "
+                "~/.pgpass.",
+    'does not exist': ". Check the database and user names in the URL; `createdb` makes a database.",
+    'connection': ". Check the host and port in the URL, and that the server runs and accepts TCP connections.",
+}
+def _server_hint(e:Exception) -> str:
+    "The one thing to do about a server's error `e`, where its message says"
+    return first((h for k,h in _SERVER_HINTS.items() if k in str(e).lower()), '') or ''
+
+# what SQLite says when its file system refuses: full, read-only (WAL cannot open its shared memory), failing
+_UNWRITABLE = ('full', 'readonly', 'disk I/O error', 'unable to open database file')
+
 class SQLiteDB:
     "An embedded ledger: one SQLite file, in WAL mode (readers never block the writer), on a local disk"
     key = 'INTEGER PRIMARY KEY AUTOINCREMENT'  # the `{id}` column of `SCHEMA`: ids are never reused
@@ -199,7 +222,9 @@ class SQLiteDB:
     def connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         con = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-        if con.execute('PRAGMA journal_mode').fetchone()[0] != 'wal': con.execute('PRAGMA journal_mode=WAL')
+        try:
+            if con.execute('PRAGMA journal_mode').fetchone()[0] != 'wal': con.execute('PRAGMA journal_mode=WAL')
+        except BaseException: con.close(); raise  # no open file left behind on a disk that fails
         return con
     def sql(self, s:str) -> str: return s  # the queries are written with SQLite's `?` placeholders
     def begin(self, con, lock:bool=False): con.execute('BEGIN IMMEDIATE')  # the write lock is the ledger's lock
@@ -212,17 +237,22 @@ class SQLiteDB:
         if isinstance(e, sqlite3.DatabaseError) and 'not a database' in str(e):
             return LedgerError(f"{self.path} is not an SQLite database, so it is no fastrepro ledger. Point `Ledger` "
                                f"(or {LEDGER_ENV}) at a ledger file or at a new path.")
+        if isinstance(e, sqlite3.OperationalError) and any(s in str(e) for s in _UNWRITABLE):
+            return LedgerError(f"The ledger {self.path} cannot be written: {_one_line(e)} ({_free_space(self.path)} "
+                               "free there). Free space, or point the ledger at a writable disk.")
 
 class PostgresDB:
     "A ledger on a PostgreSQL server (`pip install 'fastrepro[team]'`): for runs from several machines"
     key = 'BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY'
-    def __init__(self, url:str): self.url, self.address = url, _hide_password(url)
+    def __init__(self, url:str, timeout:float|None=None):  # None: `CONNECT_TIMEOUT_S`
+        self.url, self.address, self.timeout = url, _hide_password(url), timeout
     def exists(self) -> bool: return True  # a database that does not exist is the server's error
     def connect(self):
         try: import psycopg
         except ImportError: raise LedgerError(f"The ledger {self.address} is on a PostgreSQL server, which needs the "
                                               "psycopg driver: pip install 'fastrepro[team]'.") from None
-        params = dict(connect_timeout=CONNECT_TIMEOUT_S, options=f'-c lock_timeout={round(BUSY_TIMEOUT_S*1000)}')
+        params = dict(connect_timeout=round(self.timeout or CONNECT_TIMEOUT_S),
+                      options=f'-c lock_timeout={round(BUSY_TIMEOUT_S*1000)}')
         return psycopg.connect(**{**params, **psycopg.conninfo.conninfo_to_dict(self.url)}, autocommit=True)
     def sql(self, s:str) -> str: return s.replace('?', '%s')
     def begin(self, con, lock:bool=False):
@@ -236,16 +266,17 @@ class PostgresDB:
         "The one-line error to raise instead of `e`, if any: whatever the server or the connection to it says"
         import psycopg
         if isinstance(e, psycopg.Error) and not self.retryable(e):
-            return LedgerError(f"The ledger server {self.address} failed: {_one_line(e)}")
+            return LedgerError(f"The ledger server {self.address} failed: {_one_line(e)}{_server_hint(e)}")
 
 # %% ../nbs/11_ledger.ipynb #1d2cb463
 class Ledger:
     "The run ledger: an SQLite file or a PostgreSQL database (default: `ledger_address()`), created on first use"
     def __init__(self, address=None, # a file path, or a postgresql://user:password@host:port/db URL
                  create:bool=True, # create the ledger where there is none (False: a `LedgerError`)
+                 timeout:float|None=None, # seconds to wait for a ledger server (None: `CONNECT_TIMEOUT_S`)
                 ):
         a = ledger_address(address)
-        self.db = PostgresDB(a) if isinstance(a, str) else SQLiteDB(a)
+        self.db = PostgresDB(a, timeout) if isinstance(a, str) else SQLiteDB(a)
         self._open(create)
 
     def __repr__(self): return f"Ledger('{self.db.address}', {len(self)} runs)"
@@ -348,6 +379,24 @@ class Ledger:
         changed, _ = self._write(f'UPDATE runs SET {sets} WHERE id = ?', params)
         if changed == 0: raise LedgerError(f"There is no run {run_id} in ledger {self.db.address}.")
 
+    def put(self, run_key:str, # the key the run's writer gave it (a `FitRecord`'s uuid)
+            record:dict, # all of the run's fields, as for `add`
+           ) -> int:
+        "Add the run keyed `run_key`, or set its fields where the ledger holds it: written twice, it is one run"
+        rec = {'status': 'completed', **record, 'run_key': run_key}
+        _check_fields(rec)
+        cols = list(rec)
+        sets = ', '.join(f'{_quote(c)} = excluded.{_quote(c)}' for c in cols if c != 'run_key')
+        sql = (f"INSERT INTO runs ({', '.join(map(_quote, cols))}) VALUES ({', '.join('?'*len(cols))}) "
+               f"ON CONFLICT (run_key) DO UPDATE SET {sets} RETURNING id")
+        return self._write(sql, [_encode(c, rec[c]) for c in cols])[1][0][0]
+
+    def record(self, run_key:str) -> dict|None:
+        "The fields of the run keyed `run_key`, as `put` takes them; None where the ledger holds no such run"
+        runs = self.runs(run_key=run_key)
+        if not len(runs): return None
+        return {k: None if _missing(v) else v for k,v in runs.iloc[0].items() if k != 'run_key'}
+
     def runs(self, **filters) -> pd.DataFrame:
         "The runs matching `filters` (e.g. experiment='imdb', status='completed'), oldest first"
         where, params = _where(filters)
@@ -414,12 +463,75 @@ class Ledger:
         for runs, name in zip((b, e), names): _check_seeds(runs, name)
         return compare(vb.values, ve.values, higher_is_better, metric=metric, names=names, **kwargs)
 
+def _missing(v) -> bool: return v is None or (not isinstance(v, (dict, list, str)) and bool(pd.isna(v)))
+
 def _inventory(exps:pd.DataFrame) -> str:
     "What a ledger holds, in a sentence"
     if not len(exps): return "The ledger is empty."
     per = [f"{e!r}: " + ', '.join(f"{v} ({n} runs)" for v,n in zip(g.variant, g.runs))
            for e,g in exps.groupby('experiment')]
     return "It holds: " + '; '.join(per) + '.'
+
+# %% ../nbs/11_ledger.ipynb #434ae6ea
+RECORD_TIMEOUT_S = 5  # how long a fit waits for its ledger server before spooling the record: a fit must not stall
+SPOOL_NAME = 'ledger-spool.db'  # a run's spool, beside its checkpoints: `learn.path/learn.model_dir/SPOOL_NAME`
+
+def spool_address(address) -> str:
+    "How a spool names the ledger `address` its records are for: a resolved path, or a URL without its password"
+    a = ledger_address(address)
+    return _hide_password(a) if isinstance(a, str) else str(a.resolve())
+
+class LedgerWarning(UserWarning):
+    "The ledger could not take a record, which was spooled (or lost): training went on"
+
+class Spool:
+    "Ledger records kept beside a run while their ledger cannot take them: an SQLite file, one row per record"
+    def __init__(self, path:Path|str): self.path = Path(path)
+    def __repr__(self): return f"Spool('{self.path}', {len(self)} records)"
+    def __len__(self): return len(self.records())
+
+    @contextlib.contextmanager
+    def _connect(self):
+        con = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)  # each statement commits
+        try:
+            con.execute('CREATE TABLE IF NOT EXISTS spool (run_key TEXT PRIMARY KEY, ledger TEXT NOT NULL, '
+                        'record TEXT NOT NULL, stamp INTEGER NOT NULL)')
+            yield con
+        finally: con.close()
+
+    def put(self, ledger:str, # the ledger the record is for (`spool_address`)
+            run_key:str, record:dict):
+        "Keep `record`, the newest state of run `run_key` (its older state, if any, is replaced atomically)"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._connect() as con:
+            con.execute('INSERT OR REPLACE INTO spool VALUES (?, ?, ?, ?)', (run_key, ledger, json.dumps(
+                record, sort_keys=True, default=_json_default), time.time_ns()))
+
+    def records(self, ledger:str|None=None) -> list:
+        "`(run_key, ledger, record, stamp)` of each spooled record (for `ledger` only, if given), oldest first"
+        if not self.path.exists(): return []
+        with self._connect() as con:
+            rows = con.execute('SELECT run_key, ledger, record, stamp FROM spool ORDER BY stamp').fetchall()
+        return [(k, a, json.loads(r), s) for k,a,r,s in rows if ledger is None or a == ledger]
+
+    def record(self, run_key:str) -> dict|None:
+        "The spooled state of run `run_key`, or None"
+        return first((r for k,_,r,_ in self.records() if k == run_key), None)
+
+    def drop(self, run_key:str, stamp:int|None=None):
+        "Forget run `run_key` (only its state `stamp`, if given: a newer one stays)"
+        if not self.path.exists(): return
+        with self._connect() as con:
+            con.execute('DELETE FROM spool WHERE run_key = ?' + ('' if stamp is None else ' AND stamp = ?'),
+                        (run_key,) if stamp is None else (run_key, stamp))
+
+    def sync(self, ledger:Ledger) -> int:
+        "Send the records spooled for `ledger` to it, each exactly once; returns how many were sent"
+        todo = self.records(spool_address(ledger.db.address))
+        for key, _, rec, stamp in todo:
+            ledger.put(key, rec)  # committed: a sync killed after this line sends the record again, to the same run
+            self.drop(key, stamp)
+        return len(todo)
 
 # %% ../nbs/11_ledger.ipynb #6a2f9c07
 PG_BIN_GLOB = 'usr/lib/postgresql/*/bin'  # where Debian and Ubuntu put PostgreSQL's server binaries, one per version

@@ -10,16 +10,19 @@ import os, sys, time, shutil, signal, itertools, threading, warnings
 from fastai.basics import *
 from .core import *
 from .distrib import any_rank
-from .checkpoint import checkpoint_info, checkpoint_summary, ResumeError, TMP_PREFIX
+from .checkpoint import checkpoint_info, checkpoint_summary, ResumeError, TMP_PREFIX, CheckpointWriteError
 from .callback import ReproCB
 
 # %% auto #0
-__all__ = ['PREEMPT_SIGNALS', 'SIGNAL_EXIT_BASE', 'CheckpointCB']
+__all__ = ['PREEMPT_SIGNALS', 'SIGNAL_EXIT_BASE', 'SAVE_FAILED_EXIT', 'CheckpointCB']
 
 # %% ../nbs/04_preempt.ipynb #160dd579
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # what Kubernetes, spot terminations and SLURM's `--signal` send
 # a process that ends because of signal N exits with 128 + N (the shells' and schedulers' convention)
 SIGNAL_EXIT_BASE = 128
+# a process whose checkpoint at a preemption signal could not be written: sysexits.h's EX_IOERR, not 128 + N, so
+# that a scheduler or a script can tell "stopped, continue from the checkpoint" from "stopped, the last one lost"
+SAVE_FAILED_EXIT = 74
 _script_fits = itertools.count()  # numbers the fits this process runs with `autoresume`, in the order it runs them
 
 def _link(src:Path, dst:Path):
@@ -53,6 +56,7 @@ class CheckpointCB(Callback):
         self.signum = None      # the preemption signal received during the fit
         self.deferred = False   # a checkpoint fell due inside an epoch that cannot be resumed there: due at its end
         self.active, self._handlers, self._last, self._told = False, {}, 0., False
+        self.failing = None  # the error of the periodic checkpoint that failed, until one is written again
 
     def before_fit(self):
         self.active = training_fit(self.learn)
@@ -61,6 +65,7 @@ class CheckpointCB(Callback):
             raise ValueError("CheckpointCB needs ReproCB attached to the learner: without it a checkpoint inside "
                              "an epoch cannot be resumed exactly. Add `ReproCB()` to the learner's callbacks.")
         self.signum, self._last, self.deferred, self._told = None, time.monotonic(), False, False
+        self.failing = None
         self._install()
 
     def after_batch(self):
@@ -68,20 +73,21 @@ class CheckpointCB(Callback):
         signalled, late = any_rank(self.signum is not None, self._late())  # in a distributed run, the ranks agree
         if signalled: self._preempted()
         elif self.training and (late or (self.every_iters and self.learn.train_iter % self.every_iters == 0)):
-            if self._inside_problem() is None: self.save()
+            if self._inside_problem() is None: self._save_due()
             else: self.deferred = True
 
     def after_epoch(self):
         if not self.active: return
-        if self.deferred: self.deferred = False; self.save()  # the epoch boundary after a checkpoint fell due
+        if self.deferred: self.deferred = False; self._save_due()  # the epoch boundary after a checkpoint fell due
         if any_rank(self.signum is not None)[0]: self._preempted()  # came after the epoch's last batch
 
     def after_fit(self):
         if not self.active: return
         self._end()
         if self.autoresume and self.fit_number is not None:
-            self.save()  # the fit's end state, kept for a rerun that skips this fit
-            if rank_distrib() == 0: _link(self.path, self.path.with_name(f'{self.fname}-fit{self.fit_number}.pth'))
+            # the fit's end state, kept for a rerun that skips this fit (not written: the rerun continues the newest)
+            if self._save_due() and rank_distrib() == 0:
+                _link(self.path, self.path.with_name(f'{self.fname}-fit{self.fit_number}.pth'))
         if any_rank(self.signum is not None)[0]: self._preempted()
 
     def after_fit_exception(self, exc): self._end()
@@ -96,7 +102,8 @@ class CheckpointCB(Callback):
 
     def save(self):
         "Write a checkpoint now, as the newest, keeping `keep` in all (every rank calls it; rank 0 writes the files)"
-        if self.keep > 1 and rank_distrib() == 0 and self.path.exists():
+        # after a failed save the newest is also `.1` already: rotating again would push out an older one
+        if self.keep > 1 and rank_distrib() == 0 and self.path.exists() and self.failing is None:
             for i in range(self.keep - 1, 1, -1):
                 older = self.path.with_name(f'{self.fname}.{i-1}.pth')
                 if older.exists(): os.replace(older, self.path.with_name(f'{self.fname}.{i}.pth'))
@@ -170,7 +177,11 @@ class CheckpointCB(Callback):
             _tell(f"fastrepro: {name}: no checkpoint written at {where}: {why}. {self._newest()} Exiting with status "
                   f"{status}.", file=sys.stderr, flush=True)
             raise SystemExit(status)
-        self.save()
+        try: self.save()
+        except CheckpointWriteError as e:
+            _tell(f"fastrepro: {name}: the checkpoint at {where} could not be written: {e} {self._newest()} Exiting "
+                  f"with status {SAVE_FAILED_EXIT}.", file=sys.stderr, flush=True)
+            raise SystemExit(SAVE_FAILED_EXIT) from None
         _tell(f"fastrepro: {name}: checkpoint written at {where} to {self.path}; exiting with status "
               f"{status}. Run the script again to continue.", file=sys.stderr, flush=True)
         raise SystemExit(status)
@@ -183,6 +194,21 @@ class CheckpointCB(Callback):
             return "There is no checkpoint of this fit: a rerun starts it over."
         return (f"The newest usable checkpoint is {self.path} (epoch {info['start_epoch']}, after {info['batch']} "
                 "batches): run the script again to continue from it.")
+
+    def _save_due(self) -> bool:
+        "Write a checkpoint that fell due; one the system refuses is reported, noted, and tried again at the next"
+        try: self.save()
+        except CheckpointWriteError as e:
+            if self.failing is None:
+                warnings.warn(f"CheckpointCB: {e} Training goes on; the save is tried again when the next checkpoint "
+                              f"is due. {self._newest()}")
+                self.learn.repro_cb.note(f"checkpoint not written at iteration {self.learn.train_iter}: {e}")
+            self.failing = e
+            return False
+        if self.failing is not None:
+            self.learn.repro_cb.note(f"checkpoint written again at iteration {self.learn.train_iter}")
+            self.failing = None
+        return True
 
     def _install(self):
         if threading.current_thread() is not threading.main_thread():

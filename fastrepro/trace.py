@@ -36,6 +36,7 @@ class Trace:
         self.every = every
         self.fit, self.epoch, self.iter, self.loss, self._unflushed = [], [], [], [], []
         self.param_names, self.norm_rows, self.norms = None, [], []
+        self.events = []  # `(iteration, what happened)`: faults the run survived, e.g. a checkpoint not written
 
     def record(self, fit:int, epoch:int, it:int, loss:Tensor, model:nn.Module):
         "Record iteration `it` (`learn.train_iter`) of epoch `epoch` of fit `fit`, whose training loss is `loss`"
@@ -53,7 +54,8 @@ class Trace:
     def state_dict(self) -> dict:
         "The trace in its compact form (`compact_trace`), built without pandas: checkpoints call this at every save"
         self.flush()
-        return compact_trace(self.fit, self.epoch, self.iter, self.loss, self.param_names, self.norm_rows, self.norms)
+        d = compact_trace(self.fit, self.epoch, self.iter, self.loss, self.param_names, self.norm_rows, self.norms)
+        return {**d, 'events': [list(e) for e in self.events]} if self.events else d
 
     def load_state_dict(self, d:dict):
         "Continue the trace `d` (from `state_dict`)"
@@ -61,6 +63,11 @@ class Trace:
         self.loss, self._unflushed, self.param_names = d['loss'].tolist(), [], d.get('param_names')
         # the rows of the norms are stored, so a NaN norm (a diverged run) stays a recorded NaN
         self.norm_rows, self.norms = (d['norm_rows'].tolist(), d['norms'].tolist()) if self.param_names else ([], [])
+        self.events = [tuple(e) for e in d.get('events', [])]
+
+    def note(self, it:int, event:str):
+        "Record that `event` happened at iteration `it`"
+        self.events.append((it, event))
 
     def frame(self) -> pd.DataFrame:
         "The trace as a DataFrame: `fit`, `epoch`, `iter`, `loss`, and one `norm:<parameter>` column per parameter"
