@@ -1,4 +1,4 @@
-"""`fastrepro env`, `fastrepro runs`, `fastrepro compare`, `fastrepro diff`, `fastrepro demo`: the environment, the ledger, honest comparisons, where two runs part, and the reproducibility demo from a shell.
+"""`fastrepro env`, `fastrepro runs`, `fastrepro compare`, `fastrepro diff`, `fastrepro reproduce`, `fastrepro demo`: the environment, the ledger, honest comparisons, where two runs part, a run reproduced from one checkpoint, and the reproducibility demo from a shell.
 
 Docs: https://fastrepro.github.io/fastrepro/cli.html.md"""
 
@@ -13,7 +13,8 @@ from .ledger import Ledger, LedgerError, metrics_frame, LEDGER_ENV, STATUSES
 
 # %% auto #0
 __all__ = ['COMMANDS', 'EXIT_USAGE', 'EXIT_REGRESSION', 'LEDGER_ARG', 'COMPARE_NEEDS', 'CLIError', 'arg', 'command', 'parser',
-           'main', 'env_command', 'open_ledger', 'runs_command', 'compare_command', 'diff_command', 'demo_command']
+           'main', 'env_command', 'open_ledger', 'runs_command', 'compare_command', 'diff_command', 'reproduce_command',
+           'demo_command']
 
 # %% ../nbs/14_cli.ipynb #37049b5c
 COMMANDS = {}  # subcommand name -> (function, arguments)
@@ -173,6 +174,35 @@ def diff_command(args):
     code, text = fastrepro_diff(args.a, args.b)
     print(text, file=sys.stderr if code == DIFF_UNREADABLE else sys.stdout)
     return code
+
+# %% ../nbs/14_cli.ipynb #e3a1c002
+def _assignments(pairs:list|None) -> dict:
+    "`NAME=VALUE` arguments as a dict"
+    bad = [p for p in pairs or [] if '=' not in p or p.startswith('=')]
+    if bad: raise CLIError(f"--env takes NAME=VALUE, got {bad[0]!r}: e.g. --env OMP_NUM_THREADS=2.")
+    return dict(p.split('=', 1) for p in pairs or [])
+
+@command('reproduce', arg('checkpoint', help='a checkpoint a fastrepro run wrote'),
+         arg('--out', default='fastrepro-reproduce', metavar='DIR',
+             help="folder for the re-run's checkpoints, its log and report.md/json/png (default: fastrepro-reproduce)"),
+         arg('--repo', metavar='DIR', help='the git repository with the recorded commit (default: the recorded one)'),
+         arg('--command', metavar='CMD', help='a command line that replaces the recorded entry point'),
+         arg('--env', action='append', metavar='NAME=VALUE',
+             help='an environment variable set on top of the recorded ones (what if; repeatable)'),
+         arg('--strict', action='store_true', help='refuse to run where the environment predicts other bits'),
+         arg('--timeout', type=float, metavar='SECONDS', help='seconds the re-run may take (default: no limit)'),
+         arg('--json', action='store_true', help='print the report as JSON'))
+def reproduce_command(args):
+    ("Rebuild a checkpoint's code, re-run it to the checkpoint's position and compare bit for bit (exit code 0: "
+     "reproduced, 1: the runs part, 2: could not run)")
+    from fastrepro.reproduce import reproduce, ReproduceError, EXIT_FAILED  # imports torch: only for this command
+    try: r = reproduce(args.checkpoint, args.out, args.repo, args.command, _assignments(args.env), args.strict,
+                       args.timeout, show=not args.json)
+    except ReproduceError as e:
+        print(f"fastrepro reproduce: {' '.join(str(e).split())}", file=sys.stderr)
+        return EXIT_FAILED
+    if args.json: print(json.dumps(r.to_dict(), indent=1, default=str))
+    return r.exit_code
 
 # %% ../nbs/14_cli.ipynb #07021f1a
 @command('demo', arg('--profile', default='fast',
