@@ -60,7 +60,8 @@ class StopAtCB(Callback):
             return
         path = self.learn.save(t['path'])
         if rank_distrib() == 0:
-            facts = dict(env=cb.provenance.env, git={k: (cb.provenance.git or {}).get(k) for k in ('commit', 'diff_hash')},
+            git = cb.provenance.git or {}
+            facts = dict(env=cb.provenance.env, git={k: git.get(k) for k in ('commit', 'diff_hash')},
                          data_fingerprint=data_fingerprint(self.dls))
             Path(path).with_suffix('.json').write_text(json.dumps(facts, default=str))
         raise SystemExit(EXIT_REPRODUCED)
@@ -80,9 +81,9 @@ def _record(path) -> dict:
     try: model, opt, extra = split_state(read_checkpoint(path))
     except CheckpointError as e: raise ReproduceError(_one_line(e)) from e
     if extra is None or 'repro_cb' not in upgrade_state(extra, path)[0]['callbacks']:
-        raise ReproduceError(f"{path} is not a fastrepro checkpoint (a plain fastai or torch file, or one saved without "
-                             "ReproCB): it records no code, environment or trace to reproduce. Pass a checkpoint "
-                             "written by a learner with ReproCB attached.")
+        raise ReproduceError(f"{path} is not a fastrepro checkpoint (a plain fastai or torch file, or one saved "
+                             "without ReproCB): it records no code, environment or trace to reproduce. Pass a "
+                             "checkpoint written by a learner with ReproCB attached.")
     info = checkpoint_info(path)
     if not (info['git'] or {}).get('commit'):
         raise ReproduceError(f"{path} was written outside any git repository (or before its first commit): no commit "
@@ -284,8 +285,8 @@ def first_difference(a, b, where:str='') -> str|None:
 _NOT_COMPUTED = ('provenance', 'ledger_run')
 
 def compare_states(a:dict, b:dict) -> dict:
-    ("Each quantity of two checkpoints (`_record`s) -> None when bit-identical, else where it first differs: the trace, "
-     "weights, optimizer state, generator states, loss-scale history and every other callback state")
+    ("Each quantity of two checkpoints (`_record`s) -> None when bit-identical, else where it first differs: the "
+     "trace, weights, optimizer state, generator states, loss-scale history and every other callback state")
     ca, cb = a['extra']['callbacks'], b['extra']['callbacks']
     ra, rb = ({k: v for k, v in c['repro_cb'].items() if k not in _NOT_COMPUTED} for c in (ca, cb))
     ia, ib = ra.pop('inside', None) or {}, rb.pop('inside', None) or {}

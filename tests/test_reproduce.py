@@ -38,7 +38,7 @@ class Nudge(Callback):
     "Scales the gradient at one iteration by TRAIN_NUDGE, a variable no record holds"
     def after_loss(self):
         nudge = float(os.environ.get('TRAIN_NUDGE', '0'))
-        if (self.repro_cb.position.fit, self.train_iter) == (%d, %d): self.learn.loss_grad = self.loss_grad * (1 + nudge)
+        if (self.repro_cb.position.fit, self.train_iter) == (%d, %d): self.learn.loss_grad = self.loss_grad*(1 + nudge)
 
 lm = synth_learner(n_trn=4, path='.', cbs=ReproCB(seed=1, allow_dirty=True))
 with lm.no_bar(), lm.no_logging(): lm.fit(1, 1e-2)
@@ -50,7 +50,8 @@ with clf.no_bar(), clf.no_logging():
 ''' % (NUDGE_FIT, NUDGE_ITER)
 
 
-def _git(root, *args): return subprocess.run(['git', *args], cwd=root, check=True, capture_output=True, text=True).stdout
+def _git(root, *args):
+    return subprocess.run(['git', *args], cwd=root, check=True, capture_output=True, text=True).stdout
 
 
 def _repo(root:Path, files:dict) -> Path:
