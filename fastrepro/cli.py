@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys, json, argparse, warnings
 import numpy as np, pandas as pd
 from fastcore.basics import *
-from .ledger import Ledger, LedgerError, metrics_frame, LEDGER_ENV, STATUSES
+from .ledger import Ledger, LedgerError, metrics_frame, LEDGER_ENV, STATUSES, REPRODUCTION
 
 # %% auto #0
 __all__ = ['COMMANDS', 'EXIT_USAGE', 'EXIT_REGRESSION', 'LEDGER_ARG', 'COMPARE_NEEDS', 'CLIError', 'arg', 'command', 'parser',
@@ -100,13 +100,15 @@ def open_ledger(address=None) -> Ledger:
     "The existing ledger at `address` (default: `ledger_address()`); a one-line `LedgerError` when there is none"
     return Ledger(address, create=False)
 
-def _runs_table(runs:pd.DataFrame) -> pd.DataFrame:
-    "The columns of `runs` worth reading in a terminal, final metrics spread out"
+def _runs_table(runs:pd.DataFrame, reproductions:pd.DataFrame|None=None) -> pd.DataFrame:
+    "The columns of `runs` worth reading in a terminal, final metrics spread out, and each run's latest reproduction"
     t = runs[['experiment', 'variant', 'seed', 'status', 'dirty', 'duration']].copy()
     t.insert(4, 'commit', runs.commit.map(lambda c: c[:8] if isinstance(c, str) else '-'))
     t.insert(6, 'started', runs.started.dt.strftime('%Y-%m-%d %H:%M'))
     t['duration'] = t.duration.round(1)
-    return t.join(metrics_frame(runs)).astype(object).fillna('-')
+    t = t.join(metrics_frame(runs))
+    if reproductions is not None and len(reproductions): t['reproduced'] = _reproduced(runs, reproductions)
+    return t.astype(object).fillna('-')
 
 def _jsonable(v):
     "A DataFrame cell as JSON: missing values as null, times as ISO strings, NumPy scalars as numbers"
@@ -114,6 +116,15 @@ def _jsonable(v):
     if pd.isna(v): return None
     if isinstance(v, pd.Timestamp): return v.isoformat()
     return v.item() if isinstance(v, np.generic) else v
+
+# %% ../nbs/14_cli.ipynb #e3a1c004
+def _reproduced(runs:pd.DataFrame, reproductions:pd.DataFrame) -> pd.Series:
+    "Each run's latest reproduction verdict (`fastrepro reproduce --ledger`), with the id of its record"
+    res = pd.Series(None, index=runs.index, dtype=object)
+    for rid, r in reproductions.iterrows():  # oldest first: the latest stays
+        target = (r.tags or {}).get('reproduces')
+        if target in res.index: res[target] = f"{r.notes.split(';')[0]} (#{rid})"
+    return res
 
 # %% ../nbs/14_cli.ipynb #16c7b7af
 @command('runs', LEDGER_ARG, arg('--experiment', help='only this experiment'),
@@ -132,7 +143,7 @@ def runs_command(args):
     elif not len(runs): print(f"No runs in {ledger.db.address} match {filters}.")
     else:
         with pd.option_context('display.width', 200, 'display.max_columns', None):
-            print(_runs_table(runs).reset_index().to_string(index=False))
+            print(_runs_table(runs, ledger.runs(status=REPRODUCTION)).reset_index().to_string(index=False))
 
 # %% ../nbs/14_cli.ipynb #dbd51dc3
 COMPARE_NEEDS = ('experiment', 'baseline', 'variant', 'metric')  # what a comparison cannot do without
@@ -182,7 +193,7 @@ def _assignments(pairs:list|None) -> dict:
     if bad: raise CLIError(f"--env takes NAME=VALUE, got {bad[0]!r}: e.g. --env OMP_NUM_THREADS=2.")
     return dict(p.split('=', 1) for p in pairs or [])
 
-@command('reproduce', arg('checkpoint', help='a checkpoint a fastrepro run wrote'),
+@command('reproduce', arg('checkpoint', nargs='?', help='a checkpoint a fastrepro run wrote (or --run)'),
          arg('--out', default='fastrepro-reproduce', metavar='DIR',
              help="folder for the re-run's checkpoints, its log and report.md/json/png (default: fastrepro-reproduce)"),
          arg('--repo', metavar='DIR', help='the git repository with the recorded commit (default: the recorded one)'),
@@ -191,13 +202,15 @@ def _assignments(pairs:list|None) -> dict:
              help='an environment variable set on top of the recorded ones (what if; repeatable)'),
          arg('--strict', action='store_true', help='refuse to run where the environment predicts other bits'),
          arg('--timeout', type=float, metavar='SECONDS', help='seconds the re-run may take (default: no limit)'),
+         arg('--ledger', metavar='PATH|URL', help="the run's ledger: the verdict is recorded there, linked to the run"),
+         arg('--run', type=int, metavar='ID', help='a run of the ledger to reproduce, from its newest checkpoint'),
          arg('--json', action='store_true', help='print the report as JSON'))
 def reproduce_command(args):
     ("Rebuild a checkpoint's code, re-run it to the checkpoint's position and compare bit for bit (exit code 0: "
      "reproduced, 1: the runs part, 2: could not run)")
     from fastrepro.reproduce import reproduce, ReproduceError, EXIT_FAILED  # imports torch: only for this command
     try: r = reproduce(args.checkpoint, args.out, args.repo, args.command, _assignments(args.env), args.strict,
-                       args.timeout, show=not args.json)
+                       args.timeout, show=not args.json, ledger=args.ledger, run=args.run)
     except ReproduceError as e:
         print(f"fastrepro reproduce: {' '.join(str(e).split())}", file=sys.stderr)
         return EXIT_FAILED

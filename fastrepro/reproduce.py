@@ -6,7 +6,8 @@ Docs: https://fastrepro.github.io/fastrepro/reproduce.html.md"""
 
 # %% ../nbs/17_reproduce.ipynb #a1700004
 from __future__ import annotations
-import os, sys, json, time, shlex, zipfile, shutil, signal, socket, tempfile, threading, subprocess, contextlib
+import os, sys, json, time, shlex, shutil, signal, socket, zipfile, itertools, tempfile, threading, subprocess
+import contextlib
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 import numpy as np, pandas as pd, torch
@@ -16,12 +17,13 @@ from .checkpoint import (CheckpointError, read_checkpoint, split_state, upgrade_
                                   model_signature, data_fingerprint)
 from .trace import trace_frame, first_divergence, plot_losses
 from .provenance import ENTRY_ENV, environment_info, env_diff, git_info
+from .ledger import Ledger, LedgerError, REPRODUCTION
 
 # %% auto #0
 __all__ = ['STOP_ENV', 'STOP_NAME', 'EXIT_REPRODUCED', 'EXIT_PARTS', 'EXIT_FAILED', 'GIT_TIMEOUT_S', 'KILL_GRACE_S',
-           'LOG_TAIL_LINES', 'NO_BIT_FIELDS', 'ReproduceError', 'StopAtCB', 'code_worktree', 'rerun_env',
-           'env_differences', 'prediction', 'rerun_command', 'run_to_position', 'first_difference', 'compare_states',
-           'verdict', 'Reproduction', 'reproduce']
+           'LOG_TAIL_LINES', 'NO_BIT_FIELDS', 'MAX_CANDIDATES', 'ReproduceError', 'StopAtCB', 'code_worktree',
+           'rerun_env', 'env_differences', 'prediction', 'rerun_command', 'run_to_position', 'first_difference',
+           'compare_states', 'verdict', 'Reproduction', 'ledger_checkpoint', 'record_reproduction', 'reproduce']
 
 # %% ../nbs/17_reproduce.ipynb #a1700006
 STOP_ENV = 'FASTREPRO_STOP_AT'  # set by `reproduce` in the re-run's environment: where to stop, and where to save
@@ -343,6 +345,8 @@ class Reproduction:
     data:str = '' # 'same', 'differs: ...' or 'not recorded'
     command:list = field(default_factory=list); out:str = ''
     timings:dict = field(default_factory=dict) # seconds: rebuild, environment, rerun, compare
+    ledger_run:int|None = None # the reproduced run's ledger record
+    record:int|None = None # the ledger record of this reproduction (status 'reproduction'), linked to `ledger_run`
 
     @property
     def reproduced(self) -> bool: return self.exit_code == EXIT_REPRODUCED
@@ -359,6 +363,7 @@ class Reproduction:
             f"- commit `{self.commit[:12]}`, position: fit {p['fit']}, epoch {p['epoch']}, batch {p['batch']}, "
             f"iteration {p['iteration']}", f"- re-run: `{' '.join(map(str, self.command))}`",
             f"- before running: {self.prediction}", f"- data: {self.data}",
+            *([f"- ledger: run {self.ledger_run}; this reproduction is run {self.record}"] if self.record else []),
             '- seconds: ' + ', '.join(f"{k} {v:.1f}" for k, v in t.items()), '',
             '| quantity | first difference |', '|---|---|', *rows, '',
             '| environment | recorded | re-run | changes bits |', '|---|---|---|---|',
@@ -377,6 +382,57 @@ class Reproduction:
                           'where the runs part')
         fig.savefig(out/'report.png', dpi=80); plt.close(fig)
 
+# %% ../nbs/17_reproduce.ipynb #a1700046
+MAX_CANDIDATES = 1000  # files read when looking for a ledger run's checkpoint: a project's models, not a data lake
+
+def _ledger_run(path:Path) -> int|None:
+    "The ledger record of the fit that wrote checkpoint `path`; None when it names none or is not a checkpoint"
+    try: extra = split_state(read_checkpoint(path, mmap=True))[2]
+    except (CheckpointError, OSError): return None
+    return None if extra is None else extra['callbacks'].get('repro_cb', {}).get('ledger_run')
+
+def ledger_checkpoint(record:pd.Series, # a row of `Ledger.runs`
+                     ) -> Path:
+    "The newest checkpoint the fit of ledger run `record` wrote, found under the folder it ran in"
+    where = Path((record.git or {}).get('root') or '.')/((record.entry or {}).get('cwd') or '.')
+    found = []
+    for f in itertools.islice(where.rglob('*.pth'), MAX_CANDIDATES):
+        if '.git' in f.parts or _ledger_run(f) != record.name: continue
+        info = checkpoint_info(f)
+        if (info['git'] or {}).get('commit') == record.commit and info['seed'] == record.seed:
+            found.append(((info['start_epoch'], info['batch']), str(f)))
+    if not found:
+        raise ReproduceError(f"Ledger run {record.name} has no checkpoint under {where} (none written by its fit, "
+                             "with its commit and seed): pass the checkpoint itself.")
+    return Path(max(found)[1])
+
+def _ledger_record(ledger:Ledger, run_id:int) -> pd.Series:
+    runs = ledger.runs(id=int(run_id))
+    if not len(runs): raise ReproduceError(f"There is no run {run_id} in ledger {ledger.db.address}: `fastrepro runs` "
+                                           "lists its runs.")
+    return runs.iloc[0]
+
+def record_reproduction(ledger:Ledger, # the ledger of the reproduced run
+                        run:pd.Series, # its record
+                        res:Reproduction, # what `reproduce` found
+                        facts:dict, # the re-run's environment, code and data fingerprint (`StopAtCB`)
+                       ) -> int:
+    ("Add the verdict to `ledger` as a record linked to `run` (status 'reproduction', `tags['reproduces']`): where, "
+     "when, which environment; its id")
+    env, git, took = facts['env'], facts['git'], sum(res.timings.values())
+    return ledger.add(dict(experiment=run.experiment, variant=None if pd.isna(run.variant) else run.variant,
+        seed=None if pd.isna(run.seed) else int(run.seed), commit=git['commit'], dirty=git['diff_hash'] is not None,
+        env=env, env_hash=env.get('env_hash'), data_fingerprint=facts['data_fingerprint'], status=REPRODUCTION,
+        started=time.time() - took, finished=time.time(), duration=took, notes=res.verdict,
+        tags=dict(reproduces=int(run.name), exit_code=res.exit_code, parts=res.parts, host=env.get('hostname'),
+                  out=res.out)))
+
+def _data_verdict(run:pd.Series|None, facts:dict, signatures:str) -> str:
+    "The data verdict: the ledger's fingerprint of the run's data against the re-run's, else the signatures'"
+    if run is None or run.data_fingerprint is None: return signatures
+    a, b = run.data_fingerprint, facts['data_fingerprint']
+    return 'same' if a == b else f"differs: data fingerprint {a} recorded, {b} in the re-run"
+
 # %% ../nbs/17_reproduce.ipynb #a1700040
 def _position(info:dict, extra:dict) -> dict:
     return dict(fit=info['fit_idx'], epoch=info['start_epoch'], batch=info['batch'], iteration=info['iteration'],
@@ -385,7 +441,7 @@ def _position(info:dict, extra:dict) -> dict:
 def _say(show:bool, msg:str):
     if show: print(f"fastrepro reproduce: {msg}", flush=True)
 
-def reproduce(checkpoint, # a checkpoint a fastrepro run wrote
+def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger` and `run`)
               out='fastrepro-reproduce', # the folder for the re-run's checkpoints and the report
               repo=None, # the git repository with the recorded commit (default: where the run was recorded)
               command:str|None=None, # a command line that replaces the recorded entry point (run in the worktree)
@@ -393,11 +449,19 @@ def reproduce(checkpoint, # a checkpoint a fastrepro run wrote
               strict:bool=False, # refuse to run when the environment predicts other bits
               timeout:float|None=None, # seconds the re-run may take (None: as long as the training it re-runs)
               show:bool=True, # print the steps and the re-run's output
+              ledger=None, # the run's ledger (a path or URL): the verdict is recorded there, linked to the run
+              run:int|None=None, # a run of `ledger` to reproduce, from its newest checkpoint (instead of `checkpoint`)
              ) -> Reproduction:
     ("Rebuild the code of `checkpoint` in a temporary git worktree, compare the environment, re-run the recorded entry "
      "point to the checkpoint's position and compare the two runs bit for bit")
     t0, out = time.perf_counter(), Path(out).absolute()
+    book = None if ledger is None and run is None else _open_ledger(ledger)
+    if checkpoint is None:
+        if run is None: raise ReproduceError("Nothing to reproduce: pass a checkpoint, or a ledger run (--run ID).")
+        checkpoint = ledger_checkpoint(_ledger_record(book, run))
     rec = _record(checkpoint)
+    run = rec['extra']['callbacks']['repro_cb']['ledger_run'] if run is None else run
+    record = None if book is None or run is None else _ledger_record(book, run)
     info, git = rec['info'], rec['info']['git']
     root = _repository(repo or git.get('root'), git.get('remote_url'))
     _check_commit(root, git['commit'], git.get('remote_url'))
@@ -431,15 +495,21 @@ def reproduce(checkpoint, # a checkpoint a fastrepro run wrote
     t = time.perf_counter()
     again = {**_record(stop), 'facts': json.loads(stop.with_suffix('.json').read_text())}
     quantities = compare_states(rec, again)
-    after, data = env_differences(info['env'], again['facts']['env']), _data(rec, again)
+    after = env_differences(info['env'], again['facts']['env'])
+    data = _data_verdict(record, again['facts'], _data(rec, again))
     text, parts, code = verdict(quantities, pos, after, data)
     timings['compare'] = time.perf_counter() - t
     res = Reproduction(str(checkpoint), git['commit'], text, code, {k: v for k, v in pos.items() if k != 'model'},
                        parts, {q: (None if w is None else _quantity(q, w, w)) for q, w in quantities.items()},
                        predicted, before, after, data, argv, str(out), timings)
+    if record is not None: res.ledger_run, res.record = int(run), record_reproduction(book, record, res, again['facts'])
     res.save(out, tuple(trace_frame(r['extra']['callbacks']['repro_cb']['trace']) for r in (rec, again)))
     _say(show, f"{text} (report in {out})")
     return res
+
+def _open_ledger(address) -> Ledger:
+    try: return Ledger(address, create=False)
+    except LedgerError as e: raise ReproduceError(_one_line(e)) from e
 
 def _keep_checkpoints(wt:Path, dest:Path):
     "Copy the checkpoints the re-run wrote in the worktree (its `models/` folders) to `dest`"

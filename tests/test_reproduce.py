@@ -12,7 +12,8 @@ from fastrepro.checkpoint import checkpoint_info, read_checkpoint, split_state
 from fastrepro.provenance import pack_git
 from fastrepro.core import digest
 from fastrepro.cli import main
-from fastrepro.reproduce import reproduce, EXIT_PARTS, EXIT_FAILED
+from fastrepro.reproduce import reproduce, EXIT_PARTS, EXIT_FAILED, _ledger_run
+from fastrepro.ledger import Ledger
 
 RUN_TIMEOUT_S = 300  # one training process: a fastai import (about 5 s) and a few tiny fits; a hang is a failure
 POLL_S = 0.2  # how often the kill test looks for the worktree
@@ -22,7 +23,7 @@ TRAIN = '''"Two learners (a language model, then a classifier fitted three times
 import os
 from fastai.basics import *
 from fastai.test_utils import synth_learner, RegModel
-from fastrepro.all import ReproCB, CheckpointCB
+from fastrepro.all import ReproCB, CheckpointCB, FitRecord, Ledger
 import helpers  # an untracked module: its constant is in the patch
 
 class Classifier(RegModel):
@@ -43,8 +44,8 @@ class Nudge(Callback):
 lm = synth_learner(n_trn=4, path='.', cbs=ReproCB(seed=1, allow_dirty=True))
 with lm.no_bar(), lm.no_logging(): lm.fit(1, 1e-2)
 lm.save('lm')
-clf = synth_learner(n_trn=4, path='.', model=Classifier(), cbs=[ReproCB(seed=2, allow_dirty=True), Nudge(),
-                                                                 CheckpointCB(every_iters=3, keep=2)])
+repro = ReproCB(seed=2, allow_dirty=True, ledger=FitRecord(Ledger('runs.db'), 'synth'))
+clf = synth_learner(n_trn=4, path='.', model=Classifier(), cbs=[repro, Nudge(), CheckpointCB(every_iters=3, keep=3)])
 with clf.no_bar(), clf.no_logging():
     clf.fit(1, 1e-2); clf.fit(1, 1e-3); clf.fit(2, 1e-3)  # the last fit is the third of the classifier
 ''' % (NUDGE_FIT, NUDGE_ITER)
@@ -80,7 +81,7 @@ def _state(root) -> tuple:
 def trained(tmp_path_factory):
     "The script run once with an uncommitted change and an untracked module; then the checkout moves on"
     root = _repo(tmp_path_factory.mktemp('reproduce')/'proj', {'train.py': 'raise SystemExit("not yet")\n',
-                                                                '.gitignore': '__pycache__/\n'})
+                                                                '.gitignore': '__pycache__/\n/models/\n/runs.db\n'})
     (root/'train.py').write_text(TRAIN); (root/'helpers.py').write_text('SCALE = 2.0\n')
     p = subprocess.run([sys.executable, 'train.py'], cwd=root, env=_env(), capture_output=True, text=True,
                        timeout=RUN_TIMEOUT_S)
@@ -90,13 +91,14 @@ def trained(tmp_path_factory):
     return root, root/'models'/'checkpoint.pth'
 
 
-def test_reproduced_bit_for_bit_after_the_checkout_moved_on(trained, tmp_path):
+def test_reproduced_bit_for_bit_after_the_checkout_moved_on(trained, tmp_path, capsys):
     root, ckpt = trained
     info = checkpoint_info(ckpt)
     assert (info['fit_idx'], info['start_epoch'], info['batch'], info['iteration']) == (2, 1, 2, 6)
     assert info['git']['dirty'] and info['git']['untracked'] == ['helpers.py']
     before = _state(root)
-    p = fastrepro_cli('reproduce', ckpt, '--out', tmp_path/'out', timeout=RUN_TIMEOUT_S, OMP_NUM_THREADS='1')
+    p = fastrepro_cli('reproduce', ckpt, '--out', tmp_path/'out', '--ledger', root/'runs.db', timeout=RUN_TIMEOUT_S,
+                      OMP_NUM_THREADS='1')
     assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
     assert 'reproduced bit for bit' in p.stdout and 'bit-identical expected' in p.stdout
     assert _state(root) == before
@@ -107,6 +109,10 @@ def test_reproduced_bit_for_bit_after_the_checkout_moved_on(trained, tmp_path):
     for f in ('report.md', 'report.png', 'rerun.log', 'checkpoints/models/lm.pth', 'checkpoints/models/checkpoint.pth'):
         assert (tmp_path/'out'/f).is_file(), f
     assert 'reproduced bit for bit' in (tmp_path/'out'/'report.md').read_text()
+    assert report['ledger_run'] == _ledger_run(ckpt) == 3  # the classifier's third fit: its third record
+    assert main(['runs', '--ledger', str(root/'runs.db')]) == 0  # the verdict beside the run
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.split()[0] == '3')
+    assert line.endswith(f"reproduced bit for bit (#{report['record']})"), line
 
 
 def test_another_thread_count_parts_at_the_first_iteration(trained, tmp_path, monkeypatch):
@@ -124,9 +130,15 @@ def test_another_thread_count_parts_at_the_first_iteration(trained, tmp_path, mo
 def test_a_variable_the_record_does_not_hold_parts_where_the_script_reads_it(trained, tmp_path, monkeypatch):
     root, ckpt = trained
     monkeypatch.setenv('PYTHONPATH', str(ROOT)); monkeypatch.setenv('TRAIN_NUDGE', '0.5')
-    r = reproduce(ckpt, tmp_path/'out', show=False)  # the gradient of iteration 2 changes: the loss of 3 differs
-    assert r.exit_code == EXIT_PARTS, r.verdict
-    assert r.parts == dict(fit=NUDGE_FIT, epoch=0, iter=NUDGE_ITER + 1, quantity='loss'), r.verdict
+    # ledger run 2 (the classifier's second fit), from its newest checkpoint (`keep=3` kept it: after iteration 3)
+    r = reproduce(None, tmp_path/'out', ledger=root/'runs.db', run=2, show=False)
+    assert r.exit_code == EXIT_PARTS and r.position['fit'] == 1, r.verdict
+    rec = Ledger(root/'runs.db').runs(id=r.record).iloc[0]
+    assert (rec.status, rec.tags['reproduces'], rec.notes, rec.data_fingerprint) == (
+        'reproduction', 2, r.verdict, Ledger(root/'runs.db').runs(id=2).data_fingerprint.iloc[0])
+    assert r.data == 'same'
+    # the gradient of iteration 2 changes: the trace (to iteration 2) is the same, the weights after it are not
+    assert r.parts == dict(fit=NUDGE_FIT, epoch=0, iter=NUDGE_ITER + 1, quantity="weights (model['a'])"), r.verdict
     assert 'no recorded difference of the environment explains it' in r.verdict and r.env_after == []
     with pytest.raises(Exception, match='strict: other bits expected because num_threads'):
         reproduce(ckpt, tmp_path/'strict', env={'OMP_NUM_THREADS': '2'}, strict=True, show=False)
