@@ -6,7 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/reproduce.html.md"""
 
 # %% ../nbs/17_reproduce.ipynb #a1700004
 from __future__ import annotations
-import os, sys, json, time, shlex, shutil, signal, socket, zipfile, itertools, tempfile, threading, subprocess
+import os, re, sys, json, time, shlex, shutil, signal, socket, zipfile, itertools, tempfile, threading, subprocess
 import contextlib
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
@@ -16,14 +16,15 @@ from .core import digest, training_fit
 from .checkpoint import (CheckpointError, read_checkpoint, split_state, upgrade_state, checkpoint_info,
                                   model_signature, data_fingerprint)
 from .trace import trace_frame, first_divergence, plot_losses
-from .provenance import ENTRY_ENV, environment_info, env_diff, git_info
+from .provenance import ENTRY_ENV, environment_info, env_diff, git_info, write_cells
 from .ledger import Ledger, LedgerError, REPRODUCTION
 
 # %% auto #0
 __all__ = ['STOP_ENV', 'STOP_NAME', 'EXIT_REPRODUCED', 'EXIT_PARTS', 'EXIT_FAILED', 'GIT_TIMEOUT_S', 'KILL_GRACE_S',
-           'LOG_TAIL_LINES', 'NO_BIT_FIELDS', 'MAX_CANDIDATES', 'ReproduceError', 'StopAtCB', 'code_worktree',
-           'rerun_env', 'env_differences', 'prediction', 'rerun_command', 'run_to_position', 'first_difference',
-           'compare_states', 'verdict', 'Reproduction', 'ledger_checkpoint', 'record_reproduction', 'reproduce']
+           'LOG_TAIL_LINES', 'NO_BIT_FIELDS', 'REPLAY_NOTEBOOK', 'REPLAY', 'MAX_CANDIDATES', 'ReproduceError',
+           'StopAtCB', 'code_worktree', 'rerun_env', 'env_differences', 'prediction', 'rerun_command',
+           'replay_notebook', 'run_to_position', 'first_difference', 'compare_states', 'verdict', 'Reproduction',
+           'ledger_checkpoint', 'record_reproduction', 'reproduce']
 
 # %% ../nbs/17_reproduce.ipynb #a1700006
 STOP_ENV = 'FASTREPRO_STOP_AT'  # set by `reproduce` in the re-run's environment: where to stop, and where to save
@@ -218,6 +219,9 @@ def rerun_command(entry:dict|None, # the recorded entry point
     "(argv, working directory) of the re-run of `entry` in the worktree `wt`"
     if command: return shlex.split(command), wt
     kind = (entry or {}).get('kind')
+    if kind in ('notebook', 'ipython'):  # the executed cells, in execution order, in a fresh kernel
+        nb = write_cells(entry, wt.parent/REPLAY_NOTEBOOK)  # beside the worktree: in it, it would be a change
+        return [sys.executable, '-c', REPLAY, str(nb), str(wt/entry['cwd'])], wt/entry['cwd']
     if kind not in ('script', 'module'):
         why = "no entry point is recorded (a checkpoint older than format 4)" if entry is None else \
               f"the run was started as {kind!r}, which cannot be started again"
@@ -232,6 +236,23 @@ def rerun_command(entry:dict|None, # the recorded entry point
     return [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(launcher['nproc_per_node']),
             '--master_addr', '127.0.0.1', '--master_port', str(_free_port()), *cmd], wt/cwd
 
+REPLAY_NOTEBOOK = 'replay.ipynb'  # the executed cells of a notebook run, written beside the worktree
+REPLAY = "import sys; from fastrepro.reproduce import replay_notebook; sys.exit(replay_notebook(*sys.argv[1:]))"
+
+def replay_notebook(path, # a notebook
+                    cwd, # the kernel's working directory
+                   ) -> int:
+    "Execute the notebook `path` in a fresh Jupyter kernel in `cwd`, printing its outputs; 0 when every cell ran"
+    import nbformat, nbclient
+    nb = nbformat.read(path, as_version=4)
+    client = nbclient.NotebookClient(nb, kernel_name='python3',
+                                     resources={'metadata': {'path': str(cwd)}})
+    try: client.execute(); return 0
+    except nbclient.exceptions.CellExecutionError as e:  # `StopAtCB`'s `SystemExit` too: the kernel reports it
+        print(_one_line(e)[-1000:]); return 1
+    finally:
+        for c in nb.cells: print(*(o.get('text', '') for o in c.get('outputs', [])), sep='', end='')
+
 def _pump(stream, log:Path, show:bool):
     "Copy the re-run's output to `log`, and to this process's output with `show` (its fastai progress bars)"
     with open(log, 'wb') as f:
@@ -239,8 +260,11 @@ def _pump(stream, log:Path, show:bool):
             f.write(line); f.flush()
             if show: sys.stdout.write(line.decode(errors='replace')); sys.stdout.flush()
 
+_ANSI = re.compile(r'\[[0-9;]*m')  # the colours of a kernel's tracebacks
+
 def _tail(log:Path) -> str:
-    lines = [l for l in log.read_text(errors='replace').splitlines() if l.strip()] if log.exists() else []
+    text = _ANSI.sub('', log.read_text(errors='replace')) if log.exists() else ''
+    lines = [l for l in text.splitlines() if l.strip()]
     return ' | '.join(lines[-LOG_TAIL_LINES:]) or '(no output)'
 
 def run_to_position(argv:list, cwd:Path, env:dict, log:Path, timeout:float|None=None, show:bool=False) -> int:
@@ -319,9 +343,12 @@ def verdict(quantities:dict, position:dict, env_after:list, data:str) -> tuple:
     else: parts = dict(fit=position['fit'], epoch=position['epoch'], iter=position['iteration'],
                        quantity=_quantity(q, w, None))
     why = _fmt_diffs(env_after)
-    because = (f"explained by the environment: {why}" if why else "no recorded difference of the environment "
-               "explains it: the run reads something its record does not hold (an environment variable, a file, "
-               "the clock)")
+    if why: because = f"explained by the environment: {why}"
+    elif (parts['fit'], parts['iter']) == (0, 0):
+        because = ("no recorded difference of the environment explains it: the run starts from other weights or data "
+                   "(built before the fit from unseeded generators? call `seed_everything(seed)` before building them)")
+    else: because = ("no recorded difference of the environment explains it: the run reads something its record does "
+                     "not hold (an environment variable, a file, the clock)")
     return (f"parts at fit {parts['fit']}, epoch {parts['epoch']}, iteration {parts['iter']}, first in "
             f"{parts['quantity']}; {because}"), parts, EXIT_PARTS
 

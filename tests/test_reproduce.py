@@ -183,3 +183,27 @@ def test_a_killed_reproduce_leaves_no_worktree(trained, tmp_path):
     assert p.wait(RUN_TIMEOUT_S) == 128 + signal.SIGTERM
     assert _state(root) == before
     assert not (tmp_path/'out'/'reproduced.pth').exists()
+
+
+NOTEBOOK = ['from fastai.basics import *\nfrom fastai.test_utils import synth_learner',
+            'from fastrepro.all import ReproCB, seed_everything',
+            'seed_everything(4)  # a kernel starts its generators from the clock: seeded before the model and data',
+            "learn = synth_learner(n_trn=3, path='.', cbs=ReproCB(seed=4))",
+            'with learn.no_bar(), learn.no_logging(): learn.fit(2, 1e-2)',
+            "learn.save('nb')"]
+
+
+def test_a_notebook_run_replayed_in_a_fresh_kernel(tmp_path, monkeypatch):
+    nbformat, nbclient = pytest.importorskip('nbformat'), pytest.importorskip('nbclient')
+    pytest.importorskip('ipykernel', reason='a Jupyter kernel (ipykernel, in the dev extras)')
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in NOTEBOOK])
+    nb.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'Python 3', 'language': 'python'}
+    root = _repo(tmp_path/'proj', {'explore.ipynb': nbformat.writes(nb) + '\n',
+                                   '.gitignore': '__pycache__/\n/models/\n'})
+    for k, v in _env().items(): monkeypatch.setenv(k, v)
+    nbclient.NotebookClient(nb, kernel_name='python3', timeout=RUN_TIMEOUT_S,
+                            resources={'metadata': {'path': str(root)}}).execute()
+    assert checkpoint_info(root/'models'/'nb.pth')['entry']['kind'] == 'notebook'
+    r = reproduce(root/'models'/'nb.pth', tmp_path/'out', show=False)
+    assert r.reproduced and r.position == dict(fit=0, epoch=2, batch=0, iteration=6), r.verdict
+    assert r.command[-2].endswith('replay.ipynb')
