@@ -204,13 +204,27 @@ def _assignments(pairs:list|None) -> dict:
          arg('--timeout', type=float, metavar='SECONDS', help='seconds the re-run may take (default: no limit)'),
          arg('--ledger', metavar='PATH|URL', help="the run's ledger: the verdict is recorded there, linked to the run"),
          arg('--run', type=int, metavar='ID', help='a run of the ledger to reproduce, from its newest checkpoint'),
+         arg('--segments', action='store_true',
+             help="verify in segments, between the checkpoints CheckpointCB(keep=N) kept beside CHECKPOINT"),
+         arg('--workers', type=int, default=0, metavar='N', help='processes that re-run the segments side by side'),
          arg('--json', action='store_true', help='print the report as JSON'))
 def reproduce_command(args):
     ("Rebuild a checkpoint's code, re-run it to the checkpoint's position and compare bit for bit (exit code 0: "
      "reproduced, 1: the runs part, 2: could not run)")
     from fastrepro.reproduce import reproduce, ReproduceError, EXIT_FAILED  # imports torch: only for this command
-    try: r = reproduce(args.checkpoint, args.out, args.repo, args.command, _assignments(args.env), args.strict,
-                       args.timeout, show=not args.json, ledger=args.ledger, run=args.run)
+    from fastrepro.reproduce import reproduce_segments, segments_verdict
+    kwargs = dict(repo=args.repo, command=args.command, env=_assignments(args.env), strict=args.strict,
+                  timeout=args.timeout)
+    try:
+        if args.segments:
+            if args.checkpoint is None or args.ledger or args.run:
+                raise ReproduceError("--segments verifies the checkpoints kept beside CHECKPOINT: pass it, without "
+                                     "--ledger or --run.")
+            res = reproduce_segments(args.checkpoint, args.out, args.workers, **kwargs)
+            text, code = segments_verdict(res)
+            print(json.dumps([r.to_dict() for r in res], indent=1, default=str) if args.json else text)
+            return code
+        r = reproduce(args.checkpoint, args.out, **kwargs, show=not args.json, ledger=args.ledger, run=args.run)
     except ReproduceError as e:
         print(f"fastrepro reproduce: {' '.join(str(e).split())}", file=sys.stderr)
         return EXIT_FAILED

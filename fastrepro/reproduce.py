@@ -24,7 +24,8 @@ __all__ = ['STOP_ENV', 'STOP_NAME', 'EXIT_REPRODUCED', 'EXIT_PARTS', 'EXIT_FAILE
            'LOG_TAIL_LINES', 'NO_BIT_FIELDS', 'REPLAY_NOTEBOOK', 'REPLAY', 'MAX_CANDIDATES', 'ReproduceError',
            'StopAtCB', 'code_worktree', 'rerun_env', 'env_differences', 'prediction', 'rerun_command',
            'replay_notebook', 'run_to_position', 'first_difference', 'compare_states', 'verdict', 'Reproduction',
-           'ledger_checkpoint', 'record_reproduction', 'reproduce']
+           'ledger_checkpoint', 'record_reproduction', 'reproduce', 'kept_checkpoints', 'reproduce_segments',
+           'segments_verdict']
 
 # %% ../nbs/17_reproduce.ipynb #a1700006
 STOP_ENV = 'FASTREPRO_STOP_AT'  # set by `reproduce` in the re-run's environment: where to stop, and where to save
@@ -44,9 +45,26 @@ def _one_line(e) -> str: return ' '.join(str(e).split())
 class StopAtCB(Callback):
     "In a `reproduce` re-run: save a checkpoint where the recorded one was written, then end the process"
     order = 100  # after CheckpointCB (90) and the trackers: the run's own checkpoint at that batch comes first
-    def __init__(self, target:dict|None=None): # fit, epoch, batch, iteration, model digest, path; default: `STOP_ENV`
+    def __init__(self, target:dict|None=None): # fit, epoch, batch, iteration, model, seed, path, start; `STOP_ENV`
         self.target = target or json.loads(os.environ[STOP_ENV])
         self.model = None  # the running fit's model digest: a script may train several learners
+        self.fits = 0  # the fits this learner was asked for (a segment skips those before its start)
+
+    def plan_fit(self, n_epoch:int, start_epoch:int) -> int|None:
+        "A segment's re-run: skip this learner's fits before the start checkpoint's, resume that one from it"
+        s = self.target.get('start')
+        if s is None or not self._is_target(s): return start_epoch
+        self.fits += 1
+        if self.fits - 1 != s['fit']: return None if self.fits - 1 < s['fit'] else start_epoch
+        self.learn.load(s['path'])
+        if s['epoch'] < n_epoch: return s['epoch']
+        self.learn.repro_cb.show_loaded_fit()  # written after its fit: the next fit continues from it
+        return None
+
+    def _is_target(self, t:dict) -> bool:
+        "Is this the learner that wrote the checkpoint `t` describes? (its architecture and run seed)"
+        cb = getattr(self.learn, 'repro_cb', None)
+        return cb is not None and cb.seed == t['seed'] and model_signature(self.learn.model)['digest'] == t['model']
 
     def before_fit(self):
         self.model = model_signature(self.learn.model)['digest'] if training_fit(self.learn) else None
@@ -462,8 +480,9 @@ def _data_verdict(run:pd.Series|None, facts:dict, signatures:str) -> str:
 
 # %% ../nbs/17_reproduce.ipynb #a1700040
 def _position(info:dict, extra:dict) -> dict:
+    "Where checkpoint `info` was written, and by which learner (its model's digest, its run seed)"
     return dict(fit=info['fit_idx'], epoch=info['start_epoch'], batch=info['batch'], iteration=info['iteration'],
-                model=extra['model']['digest'])
+                model=extra['model']['digest'], seed=info['seed'])
 
 def _say(show:bool, msg:str):
     if show: print(f"fastrepro reproduce: {msg}", flush=True)
@@ -478,6 +497,7 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
               show:bool=True, # print the steps and the re-run's output
               ledger=None, # the run's ledger (a path or URL): the verdict is recorded there, linked to the run
               run:int|None=None, # a run of `ledger` to reproduce, from its newest checkpoint (instead of `checkpoint`)
+              start=None, # an earlier checkpoint of the same run: the re-run resumes from it (a segment)
              ) -> Reproduction:
     ("Rebuild the code of `checkpoint` in a temporary git worktree, compare the environment, re-run the recorded entry "
      "point to the checkpoint's position and compare the two runs bit for bit")
@@ -496,6 +516,7 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
     stop = out/f'{STOP_NAME}.pth'
     for f in (stop, stop.with_suffix('.json'), out/'rerun.log'): f.unlink(missing_ok=True)
     pos, timings = _position(info, rec['extra']), {}
+    if start is not None: pos['start'] = _segment_start(start, rec)
     with _interruptible(), code_worktree(root, git) as wt:
         timings['rebuild'] = time.perf_counter() - t0
         _say(show, f"code of commit {git['commit'][:12]}{' with its patch' if git.get('patch') else ''} rebuilt")
@@ -526,7 +547,8 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
     data = _data_verdict(record, again['facts'], _data(rec, again))
     text, parts, code = verdict(quantities, pos, after, data)
     timings['compare'] = time.perf_counter() - t
-    res = Reproduction(str(checkpoint), git['commit'], text, code, {k: v for k, v in pos.items() if k != 'model'},
+    res = Reproduction(str(checkpoint), git['commit'], text, code,
+                       {k: v for k, v in pos.items() if k in ('fit', 'epoch', 'batch', 'iteration')},
                        parts, {q: (None if w is None else _quantity(q, w, w)) for q, w in quantities.items()},
                        predicted, before, after, data, argv, str(out), timings)
     if record is not None: res.ledger_run, res.record = int(run), record_reproduction(book, record, res, again['facts'])
@@ -546,3 +568,49 @@ def _keep_checkpoints(wt:Path, dest:Path):
         if rel.as_posix() in tracked or rel.parts[0] == '.git': continue
         (dest/rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(f, dest/rel)
+
+# %% ../nbs/17_reproduce.ipynb #a1700051
+def _segment_start(start, rec:dict) -> dict:
+    "Where a segment's re-run starts: the earlier checkpoint `start` of the run that wrote `rec`"
+    first = _record(start)
+    a, b = (r['info'] for r in (first, rec))
+    if (a['git']['commit'], a['git']['diff_hash'], a['seed']) != (b['git']['commit'], b['git']['diff_hash'], b['seed']):
+        raise ReproduceError(f"{start} and {rec['path']} were written by different runs (commit, patch or seed): a "
+                             "segment runs from one checkpoint of a run to a later one of the same run.")
+    return {**_position(a, first['extra']), 'path': str(Path(start).absolute().with_suffix(''))}  # as `load` takes
+
+def kept_checkpoints(checkpoint, # the newest checkpoint `CheckpointCB` wrote (`{fname}.pth`)
+                    ) -> list:
+    "The checkpoints `CheckpointCB(keep=N)` kept beside `checkpoint` (`{fname}.1.pth`, ...), oldest first"
+    p = Path(checkpoint)
+    older = [f for f in p.parent.glob(f'{p.stem}.*.pth') if f.stem[len(p.stem)+1:].isdigit()]
+    return sorted(older, key=lambda f: -int(f.stem[len(p.stem)+1:])) + [p]
+
+def _segment(args:tuple) -> Reproduction:
+    "One segment: `reproduce(end, out, start=start, ...)` (a function of the module: executors send it by reference)"
+    start, end, out, kwargs = args
+    return reproduce(end, out, start=start, show=False, **kwargs)
+
+def reproduce_segments(checkpoint, # the newest of the checkpoints `CheckpointCB(keep=N)` kept
+                       out='fastrepro-reproduce', # the folder: `segment-0`, `segment-1`, ... one per segment
+                       workers:int=0, # processes that re-run segments side by side (0: one after another, here)
+                       executor=None, # or any `concurrent.futures.Executor` (a Dask `client.get_executor()`)
+                       **kwargs, # passed on to `reproduce` (repo, env, strict, timeout, ...)
+                      ) -> list:
+    ("Verify a run in segments: from its start to the oldest kept checkpoint, then from each kept checkpoint to the "
+     "next, each resumed and compared on its own, side by side on `workers` processes or `executor`")
+    files, out = kept_checkpoints(checkpoint), Path(out).absolute()
+    jobs = [(start, end, out/f'segment-{i}', kwargs) for i, (start, end) in enumerate(zip([None, *files], files))]
+    if executor is None and workers:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context('spawn')) as pool:
+            return list(pool.map(_segment, jobs))
+    return list(map(_segment, jobs) if executor is None else executor.map(_segment, jobs))
+
+def segments_verdict(res:list) -> tuple:
+    "(verdict, exit code) of the segments `reproduce_segments` verified"
+    bad = [(i, r) for i, r in enumerate(res) if not r.reproduced]
+    if not bad: return f"reproduced bit for bit in {len(res)} segments", EXIT_REPRODUCED
+    i, r = bad[0]
+    return f"segment {i} ({len(bad)} of {len(res)} part): {r.verdict}", EXIT_PARTS

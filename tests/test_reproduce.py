@@ -6,13 +6,14 @@ import json, os, signal, subprocess, sys, time
 from pathlib import Path
 import pytest
 import torch
-from conftest import ROOT, fastrepro_cli
+from conftest import ROOT
 
 from fastrepro.checkpoint import checkpoint_info, read_checkpoint, split_state
 from fastrepro.provenance import pack_git
 from fastrepro.core import digest
 from fastrepro.cli import main
-from fastrepro.reproduce import reproduce, EXIT_PARTS, EXIT_FAILED, _ledger_run
+from fastrepro.reproduce import reproduce, reproduce_segments, segments_verdict, EXIT_PARTS, EXIT_FAILED
+from fastrepro.reproduce import _ledger_run
 from fastrepro.ledger import Ledger
 
 RUN_TIMEOUT_S = 300  # one training process: a fastai import (about 5 s) and a few tiny fits; a hang is a failure
@@ -91,16 +92,16 @@ def trained(tmp_path_factory):
     return root, root/'models'/'checkpoint.pth'
 
 
-def test_reproduced_bit_for_bit_after_the_checkout_moved_on(trained, tmp_path, capsys):
+def test_reproduced_bit_for_bit_after_the_checkout_moved_on(trained, tmp_path, capsys, monkeypatch):
     root, ckpt = trained
     info = checkpoint_info(ckpt)
     assert (info['fit_idx'], info['start_epoch'], info['batch'], info['iteration']) == (2, 1, 2, 6)
     assert info['git']['dirty'] and info['git']['untracked'] == ['helpers.py']
     before = _state(root)
-    p = fastrepro_cli('reproduce', ckpt, '--out', tmp_path/'out', '--ledger', root/'runs.db', timeout=RUN_TIMEOUT_S,
-                      OMP_NUM_THREADS='1')
-    assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
-    assert 'reproduced bit for bit' in p.stdout and 'bit-identical expected' in p.stdout
+    monkeypatch.setenv('PYTHONPATH', str(ROOT))
+    assert main(['reproduce', str(ckpt), '--out', str(tmp_path/'out'), '--ledger', str(root/'runs.db')]) == 0
+    out = capsys.readouterr().out
+    assert 'reproduced bit for bit' in out and 'bit-identical expected' in out
     assert _state(root) == before
     report = json.loads((tmp_path/'out'/'report.json').read_text())
     assert report['verdict'] == 'reproduced bit for bit' and set(report['quantities'].values()) == {None}
@@ -142,6 +143,16 @@ def test_a_variable_the_record_does_not_hold_parts_where_the_script_reads_it(tra
     assert 'no recorded difference of the environment explains it' in r.verdict and r.env_after == []
     with pytest.raises(Exception, match='strict: other bits expected because num_threads'):
         reproduce(ckpt, tmp_path/'strict', env={'OMP_NUM_THREADS': '2'}, strict=True, show=False)
+
+
+def test_segments_verified_side_by_side_on_a_process_pool(trained, tmp_path, monkeypatch):
+    root, ckpt = trained
+    monkeypatch.setenv('PYTHONPATH', str(ROOT))
+    res = reproduce_segments(ckpt, tmp_path/'out', workers=2)  # keep=3: checkpoint.2, .1 and the newest
+    assert [r.position['iteration'] for r in res] == [3, 3, 6] and [r.position['fit'] for r in res] == [1, 2, 2]
+    assert segments_verdict(res) == ('reproduced bit for bit in 3 segments', 0), [r.verdict for r in res]
+    assert [r.timings['rerun'] > 0 for r in res] == [True] * 3
+    assert _git(root, 'worktree', 'list').count('\n') == 1
 
 
 def _one_line_error(capsys, *argv) -> str:
