@@ -23,9 +23,8 @@ from .ledger import Ledger, LedgerError, REPRODUCTION
 __all__ = ['STOP_ENV', 'STOP_NAME', 'EXIT_REPRODUCED', 'EXIT_PARTS', 'EXIT_FAILED', 'GIT_TIMEOUT_S', 'KILL_GRACE_S',
            'LOG_TAIL_LINES', 'NO_BIT_FIELDS', 'REPLAY_NOTEBOOK', 'REPLAY', 'MAX_CANDIDATES', 'ReproduceError',
            'StopAtCB', 'code_worktree', 'rerun_env', 'env_differences', 'prediction', 'rerun_command',
-           'replay_notebook', 'run_to_position', 'first_difference', 'compare_states', 'verdict', 'Reproduction',
-           'ledger_checkpoint', 'record_reproduction', 'reproduce', 'kept_checkpoints', 'reproduce_segments',
-           'segments_verdict']
+           'run_to_position', 'first_difference', 'compare_states', 'verdict', 'Reproduction', 'ledger_checkpoint',
+           'record_reproduction', 'reproduce', 'kept_checkpoints', 'reproduce_segments', 'segments_verdict']
 
 # %% ../nbs/17_reproduce.ipynb #a1700006
 STOP_ENV = 'FASTREPRO_STOP_AT'  # set by `reproduce` in the re-run's environment: where to stop, and where to save
@@ -255,21 +254,10 @@ def rerun_command(entry:dict|None, # the recorded entry point
             '--master_addr', '127.0.0.1', '--master_port', str(_free_port()), *cmd], wt/cwd
 
 REPLAY_NOTEBOOK = 'replay.ipynb'  # the executed cells of a notebook run, written beside the worktree
-REPLAY = "import sys; from fastrepro.reproduce import replay_notebook; sys.exit(replay_notebook(*sys.argv[1:]))"
-
-def replay_notebook(path, # a notebook
-                    cwd, # the kernel's working directory
-                   ) -> int:
-    "Execute the notebook `path` in a fresh Jupyter kernel in `cwd`, printing its outputs; 0 when every cell ran"
-    import nbformat, nbclient
-    nb = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(nb, kernel_name='python3',
-                                     resources={'metadata': {'path': str(cwd)}})
-    try: client.execute(); return 0
-    except nbclient.exceptions.CellExecutionError as e:  # `StopAtCB`'s `SystemExit` too: the kernel reports it
-        print(_one_line(e)[-1000:]); return 1
-    finally:
-        for c in nb.cells: print(*(o.get('text', '') for o in c.get('outputs', [])), sep='', end='')
+# the executed cells in a fresh Jupyter kernel (nbclient), in the recorded working directory; a process that imports
+# no torch: the kernel does. A cell that raises (`StopAtCB`'s `SystemExit` too) ends it with its traceback
+REPLAY = ("import sys, nbformat, nbclient; nb = nbformat.read(sys.argv[1], as_version=4); "
+          "nbclient.NotebookClient(nb, kernel_name='python3', resources={'metadata': {'path': sys.argv[2]}}).execute()")
 
 def _pump(stream, log:Path, show:bool):
     "Copy the re-run's output to `log`, and to this process's output with `show` (its fastai progress bars)"

@@ -46,7 +46,7 @@ lm = synth_learner(n_trn=4, path='.', cbs=ReproCB(seed=1, allow_dirty=True))
 with lm.no_bar(), lm.no_logging(): lm.fit(1, 1e-2)
 lm.save('lm')
 repro = ReproCB(seed=2, allow_dirty=True, ledger=FitRecord(Ledger('runs.db'), 'synth'))
-clf = synth_learner(n_trn=4, path='.', model=Classifier(), cbs=[repro, Nudge(), CheckpointCB(every_iters=3, keep=3)])
+clf = synth_learner(n_trn=4, path='.', model=Classifier(), cbs=[repro, Nudge(), CheckpointCB(every_iters=3, keep=2)])
 with clf.no_bar(), clf.no_logging():
     clf.fit(1, 1e-2); clf.fit(1, 1e-3); clf.fit(2, 1e-3)  # the last fit is the third of the classifier
 ''' % (NUDGE_FIT, NUDGE_ITER)
@@ -131,15 +131,15 @@ def test_another_thread_count_parts_at_the_first_iteration(trained, tmp_path, mo
 def test_a_variable_the_record_does_not_hold_parts_where_the_script_reads_it(trained, tmp_path, monkeypatch):
     root, ckpt = trained
     monkeypatch.setenv('PYTHONPATH', str(ROOT)); monkeypatch.setenv('TRAIN_NUDGE', '0.5')
-    # ledger run 2 (the classifier's second fit), from its newest checkpoint (`keep=3` kept it: after iteration 3)
-    r = reproduce(None, tmp_path/'out', ledger=root/'runs.db', run=2, show=False)
-    assert r.exit_code == EXIT_PARTS and r.position['fit'] == 1, r.verdict
+    # ledger run 3 (the classifier's third fit), from its newest checkpoint
+    r = reproduce(None, tmp_path/'out', ledger=root/'runs.db', run=3, show=False)
+    assert r.exit_code == EXIT_PARTS and r.position['fit'] == 2, r.verdict
     rec = Ledger(root/'runs.db').runs(id=r.record).iloc[0]
     assert (rec.status, rec.tags['reproduces'], rec.notes, rec.data_fingerprint) == (
-        'reproduction', 2, r.verdict, Ledger(root/'runs.db').runs(id=2).data_fingerprint.iloc[0])
+        'reproduction', 3, r.verdict, Ledger(root/'runs.db').runs(id=3).data_fingerprint.iloc[0])
     assert r.data == 'same'
-    # the gradient of iteration 2 changes: the trace (to iteration 2) is the same, the weights after it are not
-    assert r.parts == dict(fit=NUDGE_FIT, epoch=0, iter=NUDGE_ITER + 1, quantity="weights (model['a'])"), r.verdict
+    # the gradient of iteration 2 changes: the loss of iteration 3 is the first that differs
+    assert r.parts == dict(fit=NUDGE_FIT, epoch=0, iter=NUDGE_ITER + 1, quantity='loss'), r.verdict
     assert 'no recorded difference of the environment explains it' in r.verdict and r.env_after == []
     with pytest.raises(Exception, match='strict: other bits expected because num_threads'):
         reproduce(ckpt, tmp_path/'strict', env={'OMP_NUM_THREADS': '2'}, strict=True, show=False)
@@ -148,10 +148,10 @@ def test_a_variable_the_record_does_not_hold_parts_where_the_script_reads_it(tra
 def test_segments_verified_side_by_side_on_a_process_pool(trained, tmp_path, monkeypatch):
     root, ckpt = trained
     monkeypatch.setenv('PYTHONPATH', str(ROOT))
-    res = reproduce_segments(ckpt, tmp_path/'out', workers=2)  # keep=3: checkpoint.2, .1 and the newest
-    assert [r.position['iteration'] for r in res] == [3, 3, 6] and [r.position['fit'] for r in res] == [1, 2, 2]
-    assert segments_verdict(res) == ('reproduced bit for bit in 3 segments', 0), [r.verdict for r in res]
-    assert [r.timings['rerun'] > 0 for r in res] == [True] * 3
+    res = reproduce_segments(ckpt, tmp_path/'out', workers=2)  # keep=2: checkpoint.1 and the newest
+    assert [(r.position['fit'], r.position['iteration']) for r in res] == [(2, 3), (2, 6)]
+    assert segments_verdict(res) == ('reproduced bit for bit in 2 segments', 0), [r.verdict for r in res]
+    assert (tmp_path/'out'/'segment-1'/'report.json').is_file()
     assert _git(root, 'worktree', 'list').count('\n') == 1
 
 
