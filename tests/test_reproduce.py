@@ -155,6 +155,17 @@ def test_segments_verified_side_by_side_on_a_process_pool(trained, tmp_path, mon
     assert _git(root, 'worktree', 'list').count('\n') == 1
 
 
+def test_segments_verified_on_a_dask_cluster(trained, tmp_path, monkeypatch):
+    dask = pytest.importorskip('dask')
+    distributed = pytest.importorskip('distributed')
+    root, ckpt = trained
+    monkeypatch.setenv('PYTHONPATH', str(ROOT))  # before the cluster starts: its workers start the re-runs
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host='127.0.0.1',
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        res = reproduce_segments(ckpt, tmp_path/'out', executor=client.get_executor())
+    assert segments_verdict(res) == ('reproduced bit for bit in 2 segments', 0), [r.verdict for r in res]
+
+
 def _one_line_error(capsys, *argv) -> str:
     assert main(['reproduce', *map(str, argv)]) == EXIT_FAILED
     err = capsys.readouterr().err
