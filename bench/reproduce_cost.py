@@ -5,6 +5,7 @@ imports, then the training to the checkpoint's position) and the comparison. Run
 
     python -m bench.reproduce_cost              # 3 rounds, 40 batches per epoch
     python -m bench.reproduce_cost --batches 200 --rounds 5
+    python -m bench.reproduce_cost --segments   # also the two segments (one per epoch) on 1 and on 2 workers
 
 Not part of `bench.run` (each round starts two training processes); the numbers go into bench/RESULTS.md by hand."""
 from __future__ import annotations
@@ -18,7 +19,7 @@ from fastai.test_utils import synth_learner
 from fastrepro.all import ReproCB, CheckpointCB, seed_everything
 seed_everything(1)  # before the model and data are built
 learn = synth_learner(n_trn=int(sys.argv[1]), path='.', cbs=[ReproCB(seed=1, allow_dirty=True),
-                                                             CheckpointCB(every_iters=int(sys.argv[1]))])
+                                                             CheckpointCB(every_iters=int(sys.argv[1]), keep=2)])
 with learn.no_bar(), learn.no_logging(): learn.fit(2, 1e-2)
 '''
 
@@ -30,8 +31,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--batches', type=int, default=40, help='batches per epoch of the training (2 epochs)')
     p.add_argument('--rounds', type=int, default=3, help='reproductions timed (median reported)')
+    p.add_argument('--segments', action='store_true', help='also time reproduce_segments on 1 and 2 workers')
     args = p.parse_args(argv)
-    from fastrepro.reproduce import reproduce
+    from fastrepro.reproduce import reproduce, reproduce_segments, segments_verdict
     env = {**os.environ, 'PYTHONPATH': os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]),
            'OMP_NUM_THREADS': '1'}
     os.environ.update(PYTHONPATH=env['PYTHONPATH'])
@@ -52,10 +54,18 @@ def main(argv=None):
             r = reproduce(root/'models'/'checkpoint.pth', Path(d)/f'out{i}', show=False, env={'OMP_NUM_THREADS': '1'})
             assert r.reproduced, r.verdict
             runs.append({**r.timings, 'total': time.perf_counter() - t})
+        segments = {}
+        for workers in ((1, 2) if args.segments else ()):
+            t = time.perf_counter()
+            res = reproduce_segments(root/'models'/'checkpoint.pth', Path(d)/f'seg{workers}', workers,
+                                     env={'OMP_NUM_THREADS': '1'})
+            assert segments_verdict(res)[1] == 0, segments_verdict(res)
+            segments[workers] = (len(res), time.perf_counter() - t)
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     print(f"| step | seconds (median of {args.rounds}) | share of reproduce |\n|---|---|---|")
     for k, v in med.items(): print(f"| {k} | {v:.2f} | {v / med['total']:.0%} |")
     print(f"| the training it re-runs (a fresh process, {2 * args.batches} batches) | {train:.2f} | |")
+    for w, (n, secs) in segments.items(): print(f"| {n} segments on {w} worker(s) | {secs:.2f} | |")
     print(f"\nreproduce's own cost (rebuild + environment + compare): "
           f"{med['rebuild'] + med['environment'] + med['compare']:.2f} s")
 
