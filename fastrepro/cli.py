@@ -1,4 +1,4 @@
-"""`fastrepro env`, `fastrepro runs`, `fastrepro compare`, `fastrepro diff`, `fastrepro demo`: the environment, the ledger, honest comparisons, where two runs part, and the reproducibility demo from a shell.
+"""`fastrepro env`, `fastrepro runs`, `fastrepro compare`, `fastrepro diff`, `fastrepro reproduce`, `fastrepro demo`: the environment, the ledger, honest comparisons, where two runs part, a run reproduced from one checkpoint, and the reproducibility demo from a shell.
 
 Docs: https://fastrepro.github.io/fastrepro/cli.html.md"""
 
@@ -10,12 +10,13 @@ import sys, json, argparse, warnings
 import numpy as np, pandas as pd
 from fastcore.basics import *
 from pathlib import Path
-from .ledger import Ledger, LedgerError, Spool, SPOOL_NAME, metrics_frame, LEDGER_ENV, STATUSES
+from .ledger import (Ledger, LedgerError, Spool, SPOOL_NAME, metrics_frame, LEDGER_ENV, STATUSES,
+                              REPRODUCTION)
 
 # %% auto #0
 __all__ = ['COMMANDS', 'EXIT_USAGE', 'EXIT_REGRESSION', 'LEDGER_ARG', 'COMPARE_NEEDS', 'CLIError', 'arg', 'command', 'parser',
            'main', 'env_command', 'open_ledger', 'sync_spools', 'runs_command', 'compare_command', 'diff_command',
-           'demo_command']
+           'reproduce_command', 'demo_command']
 
 # %% ../nbs/14_cli.ipynb #37049b5c
 COMMANDS = {}  # subcommand name -> (function, arguments)
@@ -101,13 +102,15 @@ def open_ledger(address=None) -> Ledger:
     "The existing ledger at `address` (default: `ledger_address()`); a one-line `LedgerError` when there is none"
     return Ledger(address, create=False)
 
-def _runs_table(runs:pd.DataFrame) -> pd.DataFrame:
-    "The columns of `runs` worth reading in a terminal, final metrics spread out"
+def _runs_table(runs:pd.DataFrame, reproductions:pd.DataFrame|None=None) -> pd.DataFrame:
+    "The columns of `runs` worth reading in a terminal, final metrics spread out, and each run's latest reproduction"
     t = runs[['experiment', 'variant', 'seed', 'status', 'dirty', 'duration']].copy()
     t.insert(4, 'commit', runs.commit.map(lambda c: c[:8] if isinstance(c, str) else '-'))
     t.insert(6, 'started', runs.started.dt.strftime('%Y-%m-%d %H:%M'))
     t['duration'] = t.duration.round(1)
-    return t.join(metrics_frame(runs)).astype(object).fillna('-')
+    t = t.join(metrics_frame(runs))
+    if reproductions is not None and len(reproductions): t['reproduced'] = _reproduced(runs, reproductions)
+    return t.astype(object).fillna('-')
 
 def _jsonable(v):
     "A DataFrame cell as JSON: missing values as null, times as ISO strings, NumPy scalars as numbers"
@@ -115,6 +118,15 @@ def _jsonable(v):
     if pd.isna(v): return None
     if isinstance(v, pd.Timestamp): return v.isoformat()
     return v.item() if isinstance(v, np.generic) else v
+
+# %% ../nbs/14_cli.ipynb #e3a1c004
+def _reproduced(runs:pd.DataFrame, reproductions:pd.DataFrame) -> pd.Series:
+    "Each run's latest reproduction verdict (`fastrepro reproduce --ledger`), with the id of its record"
+    res = pd.Series(None, index=runs.index, dtype=object)
+    for rid, r in reproductions.iterrows():  # oldest first: the latest stays
+        target = (r.tags or {}).get('reproduces')
+        if target in res.index: res[target] = f"{r.notes.split(';')[0]} (#{rid})"
+    return res
 
 # %% ../nbs/14_cli.ipynb #16c7b7af
 def sync_spools(spools:list, # spool files (`Spool`), or folders holding one (a run's `models`)
@@ -148,7 +160,7 @@ def runs_command(args):
     elif not len(runs): print(f"No runs in {ledger.db.address} match {filters}.")
     else:
         with pd.option_context('display.width', 200, 'display.max_columns', None):
-            print(_runs_table(runs).reset_index().to_string(index=False))
+            print(_runs_table(runs, ledger.runs(status=REPRODUCTION)).reset_index().to_string(index=False))
 
 # %% ../nbs/14_cli.ipynb #dbd51dc3
 COMPARE_NEEDS = ('experiment', 'baseline', 'variant', 'metric')  # what a comparison cannot do without
@@ -190,6 +202,51 @@ def diff_command(args):
     code, text = fastrepro_diff(args.a, args.b)
     print(text, file=sys.stderr if code == DIFF_UNREADABLE else sys.stdout)
     return code
+
+# %% ../nbs/14_cli.ipynb #e3a1c002
+def _assignments(pairs:list|None) -> dict:
+    "`NAME=VALUE` arguments as a dict"
+    bad = [p for p in pairs or [] if '=' not in p or p.startswith('=')]
+    if bad: raise CLIError(f"--env takes NAME=VALUE, got {bad[0]!r}: e.g. --env OMP_NUM_THREADS=2.")
+    return dict(p.split('=', 1) for p in pairs or [])
+
+@command('reproduce', arg('checkpoint', nargs='?', help='a checkpoint a fastrepro run wrote (or --run)'),
+         arg('--out', default='fastrepro-reproduce', metavar='DIR',
+             help="folder for the re-run's checkpoints, its log and report.md/json/png (default: fastrepro-reproduce)"),
+         arg('--repo', metavar='DIR', help='the git repository with the recorded commit (default: the recorded one)'),
+         arg('--command', metavar='CMD', help='a command line that replaces the recorded entry point'),
+         arg('--env', action='append', metavar='NAME=VALUE',
+             help='an environment variable set on top of the recorded ones (what if; repeatable)'),
+         arg('--strict', action='store_true', help='refuse to run where the environment predicts other bits'),
+         arg('--timeout', type=float, metavar='SECONDS', help='seconds the re-run may take (default: no limit)'),
+         arg('--ledger', metavar='PATH|URL', help="the run's ledger: the verdict is recorded there, linked to the run"),
+         arg('--run', type=int, metavar='ID', help='a run of the ledger to reproduce, from its newest checkpoint'),
+         arg('--segments', action='store_true',
+             help="verify in segments, between the checkpoints CheckpointCB(keep=N) kept beside CHECKPOINT"),
+         arg('--workers', type=int, default=0, metavar='N', help='processes that re-run the segments side by side'),
+         arg('--json', action='store_true', help='print the report as JSON'))
+def reproduce_command(args):
+    ("Rebuild a checkpoint's code, re-run it to the checkpoint's position and compare bit for bit (exit code 0: "
+     "reproduced, 1: the runs part, 2: could not run)")
+    from fastrepro.reproduce import reproduce, ReproduceError, EXIT_FAILED  # imports torch: only for this command
+    from fastrepro.reproduce import reproduce_segments, segments_verdict
+    kwargs = dict(repo=args.repo, command=args.command, env=_assignments(args.env), strict=args.strict,
+                  timeout=args.timeout)
+    try:
+        if args.segments:
+            if args.checkpoint is None or args.ledger or args.run:
+                raise ReproduceError("--segments verifies the checkpoints kept beside CHECKPOINT: pass it, without "
+                                     "--ledger or --run.")
+            res = reproduce_segments(args.checkpoint, args.out, args.workers, **kwargs)
+            text, code = segments_verdict(res)
+            print(json.dumps([r.to_dict() for r in res], indent=1, default=str) if args.json else text)
+            return code
+        r = reproduce(args.checkpoint, args.out, **kwargs, show=not args.json, ledger=args.ledger, run=args.run)
+    except ReproduceError as e:
+        print(f"fastrepro reproduce: {' '.join(str(e).split())}", file=sys.stderr)
+        return EXIT_FAILED
+    if args.json: print(json.dumps(r.to_dict(), indent=1, default=str))
+    return r.exit_code
 
 # %% ../nbs/14_cli.ipynb #07021f1a
 @command('demo', arg('--profile', default='fast',

@@ -15,10 +15,11 @@ from .stats import compare, CompareResult, ComparisonWarning
 
 # %% auto #0
 __all__ = ['LEDGER_ENV', 'DEFAULT_LEDGER', 'SERVER_SCHEMES', 'SCHEMA_VERSION', 'SCHEMA', 'MIGRATIONS', 'FIELDS', 'JSON_FIELDS',
-           'VALUE_FIELDS', 'TIME_FIELDS', 'STATUSES', 'BUSY_TIMEOUT_S', 'CONNECT_TIMEOUT_S', 'MAX_RETRIES',
-           'RETRY_WAIT_S', 'SCHEMA_LOCK', 'RECORD_TIMEOUT_S', 'SPOOL_NAME', 'PG_BIN_GLOB', 'PG_START_TIMEOUT_S',
-           'PG_PORT_TRIES', 'ledger_address', 'LedgerError', 'metrics_frame', 'metric_column', 'SQLiteDB', 'PostgresDB',
-           'Ledger', 'spool_address', 'LedgerWarning', 'Spool', 'postgres_bin', 'local_postgres']
+           'VALUE_FIELDS', 'TIME_FIELDS', 'REPRODUCTION', 'STATUSES', 'BUSY_TIMEOUT_S', 'CONNECT_TIMEOUT_S',
+           'MAX_RETRIES', 'RETRY_WAIT_S', 'SCHEMA_LOCK', 'RECORD_TIMEOUT_S', 'SPOOL_NAME', 'PG_BIN_GLOB',
+           'PG_START_TIMEOUT_S', 'PG_PORT_TRIES', 'ledger_address', 'LedgerError', 'metrics_frame', 'metric_column',
+           'SQLiteDB', 'PostgresDB', 'Ledger', 'spool_address', 'LedgerWarning', 'Spool', 'postgres_bin',
+           'local_postgres']
 
 # %% ../nbs/11_ledger.ipynb #3d281ab1
 LEDGER_ENV = 'FASTREPRO_LEDGER'  # environment variable naming the default ledger (a file path or a server URL)
@@ -52,7 +53,8 @@ FIELDS = ('experiment', 'variant', 'seed', 'commit', 'dirty', 'patch', 'git', 'e
 JSON_FIELDS = ('git', 'env', 'hyperparameters', 'tags', 'metrics', 'entry')  # dicts; select on them in the DataFrame
 VALUE_FIELDS = ('metric_version', 'data_fingerprint')  # any JSON value, stored with its type and filterable
 TIME_FIELDS = ('started', 'finished')
-STATUSES = ('running', 'completed', 'failed', 'interrupted')
+REPRODUCTION = 'reproduction'  # the status of a `reproduce` verdict on another run (`tags['reproduces']`)
+STATUSES = ('running', 'completed', 'failed', 'interrupted', REPRODUCTION)
 
 # %% ../nbs/11_ledger.ipynb #2ccd76cd
 class LedgerError(ValueError):

@@ -1,0 +1,231 @@
+"""`fastrepro reproduce` (issue 23) on real training scripts in real git repositories, in temporary folders: a run with
+an uncommitted change and an untracked module, two learners and several fits, reproduced bit for bit after the checkout
+moved on, the checkout untouched; runs that part (another thread count, a variable the script reads and the record
+does not hold) at the right iteration; bad input in one line; a reproduce killed while it re-runs leaves no worktree."""
+import json, os, signal, subprocess, sys, time
+from pathlib import Path
+import pytest
+import torch
+from conftest import ROOT
+
+from fastrepro.checkpoint import checkpoint_info, read_checkpoint, split_state
+from fastrepro.provenance import pack_git
+from fastrepro.core import digest
+from fastrepro.cli import main
+from fastrepro.reproduce import reproduce, reproduce_segments, segments_verdict, EXIT_PARTS, EXIT_FAILED
+from fastrepro.reproduce import _ledger_run
+from fastrepro.ledger import Ledger
+
+RUN_TIMEOUT_S = 300  # one training process: a fastai import (about 5 s) and a few tiny fits; a hang is a failure
+POLL_S = 0.2  # how often the kill test looks for the worktree
+NUDGE_FIT, NUDGE_ITER = 1, 2  # where TRAIN_NUDGE (read by the script, not recorded) scales the gradient
+
+TRAIN = '''"Two learners (a language model, then a classifier fitted three times) as a fastai user's script"
+import os
+from fastai.basics import *
+from fastai.test_utils import synth_learner, RegModel
+from fastrepro.all import ReproCB, CheckpointCB, FitRecord, Ledger
+import helpers  # an untracked module: its constant is in the patch
+
+class Classifier(RegModel):
+    "RegModel plus a term whose value depends on the thread count (a parallel mean of a million squares)"
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Parameter(torch.zeros(1))
+        self.register_buffer('big', torch.randn(1_000_003, generator=torch.Generator().manual_seed(0)),
+                             persistent=False)
+    def forward(self, x): return super().forward(x) + self.c * (self.big * helpers.SCALE).pow(2).mean()
+
+class Nudge(Callback):
+    "Scales the gradient at one iteration by TRAIN_NUDGE, a variable no record holds"
+    def after_loss(self):
+        nudge = float(os.environ.get('TRAIN_NUDGE', '0'))
+        if (self.repro_cb.position.fit, self.train_iter) == (%d, %d): self.learn.loss_grad = self.loss_grad*(1 + nudge)
+
+lm = synth_learner(n_trn=4, path='.', cbs=ReproCB(seed=1, allow_dirty=True))
+with lm.no_bar(), lm.no_logging(): lm.fit(1, 1e-2)
+lm.save('lm')
+repro = ReproCB(seed=2, allow_dirty=True, ledger=FitRecord(Ledger('runs.db'), 'synth'))
+clf = synth_learner(n_trn=4, path='.', model=Classifier(), cbs=[repro, Nudge(), CheckpointCB(every_iters=3, keep=2)])
+with clf.no_bar(), clf.no_logging():
+    clf.fit(1, 1e-2); clf.fit(1, 1e-3); clf.fit(2, 1e-3)  # the last fit is the third of the classifier
+''' % (NUDGE_FIT, NUDGE_ITER)
+
+
+def _git(root, *args):
+    return subprocess.run(['git', *args], cwd=root, check=True, capture_output=True, text=True).stdout
+
+
+def _repo(root:Path, files:dict) -> Path:
+    "A git repository in `root` with `files` committed"
+    root.mkdir(parents=True)
+    _git(root, 'init', '-q', '-b', 'main')
+    _git(root, 'config', 'user.name', 'tests'); _git(root, 'config', 'user.email', 'tests@fastrepro.invalid')
+    for name, text in files.items(): (root/name).write_text(text)
+    _git(root, 'add', '-A'); _git(root, 'commit', '-qm', 'initial')
+    return root
+
+
+def _env(**more):
+    return {**os.environ, 'PYTHONPATH': os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]),
+            'OMP_NUM_THREADS': '1', 'MPLBACKEND': 'Agg', **more}
+
+
+def _state(root) -> tuple:
+    "What a reproduce must not change in the user's repository"
+    return (_git(root, 'status', '--porcelain', '--untracked-files=all'), _git(root, 'rev-parse', 'HEAD'),
+            _git(root, 'branch', '--list'), _git(root, 'worktree', 'list', '--porcelain'),
+            (root/'.git'/'index').read_bytes(), sorted(p.name for p in (root/'models').iterdir()))
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+    "The script run once with an uncommitted change and an untracked module; then the checkout moves on"
+    root = _repo(tmp_path_factory.mktemp('reproduce')/'proj', {'train.py': 'raise SystemExit("not yet")\n',
+                                                                '.gitignore': '__pycache__/\n/models/\n/runs.db\n'})
+    (root/'train.py').write_text(TRAIN); (root/'helpers.py').write_text('SCALE = 2.0\n')
+    p = subprocess.run([sys.executable, 'train.py'], cwd=root, env=_env(), capture_output=True, text=True,
+                       timeout=RUN_TIMEOUT_S)
+    assert p.returncode == 0, p.stderr[-3000:]
+    _git(root, 'add', '-A'); _git(root, 'commit', '-qm', 'the script')  # the checkout moves on: a commit,
+    (root/'train.py').write_text('print("rewritten")\n'); (root/'helpers.py').unlink()  # an edit, a deleted file
+    return root, root/'models'/'checkpoint.pth'
+
+
+def test_reproduced_bit_for_bit_after_the_checkout_moved_on(trained, tmp_path, capsys, monkeypatch):
+    root, ckpt = trained
+    info = checkpoint_info(ckpt)
+    assert (info['fit_idx'], info['start_epoch'], info['batch'], info['iteration']) == (2, 1, 2, 6)
+    assert info['git']['dirty'] and info['git']['untracked'] == ['helpers.py']
+    before = _state(root)
+    monkeypatch.setenv('PYTHONPATH', str(ROOT))
+    assert main(['reproduce', str(ckpt), '--out', str(tmp_path/'out'), '--ledger', str(root/'runs.db')]) == 0
+    out = capsys.readouterr().out
+    assert 'reproduced bit for bit' in out and 'bit-identical expected' in out
+    assert _state(root) == before
+    report = json.loads((tmp_path/'out'/'report.json').read_text())
+    assert report['verdict'] == 'reproduced bit for bit' and set(report['quantities'].values()) == {None}
+    assert {'trace', 'weights', 'optimizer state', 'loss-scale history'} <= set(report['quantities'])
+    assert report['position'] == dict(fit=2, epoch=1, batch=2, iteration=6)
+    for f in ('report.md', 'report.png', 'rerun.log', 'checkpoints/models/lm.pth', 'checkpoints/models/checkpoint.pth'):
+        assert (tmp_path/'out'/f).is_file(), f
+    assert 'reproduced bit for bit' in (tmp_path/'out'/'report.md').read_text()
+    assert report['ledger_run'] == _ledger_run(ckpt) == 3  # the classifier's third fit: its third record
+    assert main(['runs', '--ledger', str(root/'runs.db')]) == 0  # the verdict beside the run
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.split()[0] == '3')
+    assert line.endswith(f"reproduced bit for bit (#{report['record']})"), line
+
+
+def test_another_thread_count_parts_at_the_first_iteration(trained, tmp_path, monkeypatch):
+    root, ckpt = trained
+    monkeypatch.setenv('PYTHONPATH', str(ROOT))
+    r = reproduce(ckpt, tmp_path/'out', env={'OMP_NUM_THREADS': '2'}, show=False)
+    # `c` starts at 0: the first loss is the same, the first step of `c` (the gradient holds the mean) is not
+    assert r.exit_code == EXIT_PARTS and r.parts == dict(fit=0, epoch=0, iter=0, quantity='the norm of c'), r.verdict
+    assert r.verdict.startswith('parts at fit 0, epoch 0, iteration 0, first in the norm of c; explained by the '
+                                'environment: num_threads 1 -> 2'), r.verdict
+    assert r.prediction == 'other bits expected because num_threads 1 -> 2'
+    assert (tmp_path/'out'/'report.png').is_file()
+
+
+def test_a_variable_the_record_does_not_hold_parts_where_the_script_reads_it(trained, tmp_path, monkeypatch):
+    root, ckpt = trained
+    monkeypatch.setenv('PYTHONPATH', str(ROOT)); monkeypatch.setenv('TRAIN_NUDGE', '0.5')
+    # ledger run 3 (the classifier's third fit), from its newest checkpoint
+    r = reproduce(None, tmp_path/'out', ledger=root/'runs.db', run=3, show=False)
+    assert r.exit_code == EXIT_PARTS and r.position['fit'] == 2, r.verdict
+    rec = Ledger(root/'runs.db').runs(id=r.record).iloc[0]
+    assert (rec.status, rec.tags['reproduces'], rec.notes, rec.data_fingerprint) == (
+        'reproduction', 3, r.verdict, Ledger(root/'runs.db').runs(id=3).data_fingerprint.iloc[0])
+    assert r.data == 'same'
+    # the gradient of iteration 2 changes: the loss of iteration 3 is the first that differs
+    assert r.parts == dict(fit=NUDGE_FIT, epoch=0, iter=NUDGE_ITER + 1, quantity='loss'), r.verdict
+    assert 'no recorded difference of the environment explains it' in r.verdict and r.env_after == []
+    with pytest.raises(Exception, match='strict: other bits expected because num_threads'):
+        reproduce(ckpt, tmp_path/'strict', env={'OMP_NUM_THREADS': '2'}, strict=True, show=False)
+
+
+def test_segments_verified_side_by_side_on_a_process_pool(trained, tmp_path, monkeypatch):
+    root, ckpt = trained
+    monkeypatch.setenv('PYTHONPATH', str(ROOT))
+    res = reproduce_segments(ckpt, tmp_path/'out', workers=2)  # keep=2: checkpoint.1 and the newest
+    assert [(r.position['fit'], r.position['iteration']) for r in res] == [(2, 3), (2, 6)]
+    assert segments_verdict(res) == ('reproduced bit for bit in 2 segments', 0), [r.verdict for r in res]
+    assert (tmp_path/'out'/'segment-1'/'report.json').is_file()
+    assert _git(root, 'worktree', 'list').count('\n') == 1
+
+
+def test_segments_verified_on_a_dask_cluster(trained, tmp_path, monkeypatch):
+    dask = pytest.importorskip('dask')
+    distributed = pytest.importorskip('distributed')
+    root, ckpt = trained
+    monkeypatch.setenv('PYTHONPATH', str(ROOT))  # before the cluster starts: its workers start the re-runs
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host='127.0.0.1',
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        res = reproduce_segments(ckpt, tmp_path/'out', executor=client.get_executor())
+    assert segments_verdict(res) == ('reproduced bit for bit in 2 segments', 0), [r.verdict for r in res]
+
+
+def _one_line_error(capsys, *argv) -> str:
+    assert main(['reproduce', *map(str, argv)]) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and err.startswith('fastrepro reproduce: '), err
+    return err
+
+
+def test_bad_input_exits_2_with_one_line(trained, tmp_path, capsys):
+    root, ckpt = trained
+    (tmp_path/'truncated.pth').write_bytes(ckpt.read_bytes()[:5000])
+    assert 'truncated, corrupt' in _one_line_error(capsys, tmp_path/'truncated.pth')
+    other = _repo(tmp_path/'other', {'README': 'another project\n'})
+    assert 'is not in the repository' in _one_line_error(capsys, ckpt, '--repo', other, '--out', tmp_path/'o')
+    assert 'No git repository at' in _one_line_error(capsys, ckpt, '--repo', tmp_path, '--out', tmp_path/'o')
+    state = read_checkpoint(ckpt)  # a checkpoint whose patch, with a matching hash, is not the commit's
+    model, opt, extra = split_state(state)
+    prov = extra['callbacks']['repro_cb']['provenance']
+    git = checkpoint_info(ckpt)['git']
+    patch = git['patch'].replace('-raise SystemExit("not yet")', '-raise SystemExit("never")')
+    prov['git'] = pack_git({**git, 'patch': patch, 'diff_hash': digest(patch.encode(), None)})
+    state['opt']['__fastrepro__'] = extra
+    torch.save(state, tmp_path/'altered.pth')
+    assert 'does not apply to commit' in _one_line_error(capsys, tmp_path/'altered.pth', '--out', tmp_path/'o')
+    assert _git(root, 'worktree', 'list').count('\n') == 1
+
+
+def test_a_killed_reproduce_leaves_no_worktree(trained, tmp_path):
+    root, ckpt = trained
+    before = _state(root)
+    p = subprocess.Popen([sys.executable, '-m', 'fastrepro.cli', 'reproduce', str(ckpt), '--out', str(tmp_path/'out')],
+                         env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while not ((tmp_path/'out'/'rerun.log').exists() and _git(root, 'worktree', 'list').count('\n') == 2):
+        assert time.monotonic() < deadline and p.poll() is None, 'the re-run never started'
+        time.sleep(POLL_S)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(RUN_TIMEOUT_S) == 128 + signal.SIGTERM
+    assert _state(root) == before
+    assert not (tmp_path/'out'/'reproduced.pth').exists()
+
+
+NOTEBOOK = ['from fastai.basics import *\nfrom fastai.test_utils import synth_learner',
+            'from fastrepro.all import ReproCB, seed_everything',
+            'seed_everything(4)  # a kernel starts its generators from the clock: seeded before the model and data',
+            "learn = synth_learner(n_trn=3, path='.', cbs=ReproCB(seed=4))",
+            'with learn.no_bar(), learn.no_logging(): learn.fit(2, 1e-2)',
+            "learn.save('nb')"]
+
+
+def test_a_notebook_run_replayed_in_a_fresh_kernel(tmp_path, monkeypatch):
+    nbformat, nbclient = pytest.importorskip('nbformat'), pytest.importorskip('nbclient')
+    pytest.importorskip('ipykernel', reason='a Jupyter kernel (ipykernel, in the dev extras)')
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in NOTEBOOK])
+    nb.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'Python 3', 'language': 'python'}
+    root = _repo(tmp_path/'proj', {'explore.ipynb': nbformat.writes(nb) + '\n',
+                                   '.gitignore': '__pycache__/\n/models/\n'})
+    for k, v in _env().items(): monkeypatch.setenv(k, v)
+    nbclient.NotebookClient(nb, kernel_name='python3', timeout=RUN_TIMEOUT_S,
+                            resources={'metadata': {'path': str(root)}}).execute()
+    assert checkpoint_info(root/'models'/'nb.pth')['entry']['kind'] == 'notebook'
+    r = reproduce(root/'models'/'nb.pth', tmp_path/'out', show=False)
+    assert r.reproduced and r.position == dict(fit=0, epoch=2, batch=0, iteration=6), r.verdict
+    assert r.command[-2].endswith('replay.ipynb')
