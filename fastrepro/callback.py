@@ -24,6 +24,7 @@ from .trace import Trace, TRACE_EVERY
 from .provenance import (run_provenance, environment_info, git_info, pack_git, unpack_git, pack_entry,
                                   unpack_entry, check_ranks_agree)
 from .ledger import Ledger
+from .trackers import FitTrackers
 
 # %% auto #0
 __all__ = ['SEED_DRAW_BITS', 'LOSS_NAMES', 'DEFAULT_EXPERIMENT', 'fit_metrics', 'FitRecord', 'FitProvenance', 'ReproCB',
@@ -180,6 +181,7 @@ class ReproCB(Callback):
         self.switches, self.trace = FitSwitches(deterministic, warn_only, portable), Trace(trace_every)
         self.provenance = FitProvenance(repo_path, allow_dirty, allow_cudnn_rnn_dropout)
         self.record = ledger if isinstance(ledger, FitRecord) else FitRecord(ledger)
+        self.trackers = FitTrackers()  # the fit's TensorBoard, W&B, MLflow and CSV logs (`fastrepro.trackers`)
         self.position, self.plan = Position(), None  # where the run stands; the running fit's resume plan
         self.pending = None  # a loaded checkpoint's state, until the next fit takes it
         self.active = self.cancelled = False
@@ -203,6 +205,8 @@ class ReproCB(Callback):
             seed_global(derive_seed(self.seed, self.position.fit, 'fit', *_rank_stream(self.rank_streams)))
         self.record.start(self.learn, self.seed, self.position.fit, self.plan.epoch, self.provenance.prov,
                           resumed=(self.plan.resumed or {}).get('ledger_run'))
+        self.trackers.start(self.learn, self.seed, self.provenance.prov, self.record,
+                            (self.plan.resumed or {}).get('trackers'))
 
     def before_epoch(self):
         if not self.active: return
@@ -273,6 +277,7 @@ class ReproCB(Callback):
         if self.deterministic_data: undo_deterministic(self.dls)
         self.trace.flush()
         self.record.end(self.learn, exc, self.cancelled)
+        self.trackers.end()
 
 # %% ../nbs/03_callback.ipynb #9e1a0aa7
 def repro_state(cb:ReproCB) -> dict:
@@ -281,7 +286,7 @@ def repro_state(cb:ReproCB) -> dict:
     res = dict(seed=cb.seed, position=cb.position.state_dict(learn), grad_present=grad_presence(learn.model),
                recorder=recorder_state(rec) if rec is not None and hasattr(rec, 'lrs') else None,
                trace=cb.trace.state_dict(), provenance=cb.provenance.state(), ledger_run=cb.record.run_id,
-               fastai_callbacks=fastai_callback_states(learn), world_size=world_size())
+               trackers=cb.trackers.state(), fastai_callbacks=fastai_callback_states(learn), world_size=world_size())
     if not cb.deterministic_data: res['loader_orders'] = loader_orders(learn.dls)
     if cb.position.batch: res['inside'] = inside_state(learn, cb._train_end, cb.deterministic_data and cb.active)
     return res
@@ -293,7 +298,8 @@ def _repro_summary(state:dict) -> dict:
     pos, prov = state['position'], state['provenance']
     return dict(seed=state['seed'], fit_idx=pos['fit'], n_epoch=pos['n_epoch'], start_epoch=pos['epoch'],
                 batch=pos['batch'], iteration=pos['train_iter'], env=prov['env'], git=unpack_git(prov['git']),
-                entry=unpack_entry(prov['entry']), device=prov['device'], world_size=state['world_size'])
+                entry=unpack_entry(prov['entry']), device=prov['device'], world_size=state['world_size'],
+                trackers=state['trackers'])
 
 # %% ../nbs/03_callback.ipynb #e7ca0cb8
 _V1_TRACE_KEYS = {'fp_names': 'param_names', 'fp_rows': 'norm_rows', 'fp': 'norms'}  # format 1's names of the norms
@@ -334,6 +340,12 @@ def _repro_from_v2(d:dict, learn:Learner|None) -> tuple:
 def _repro_from_v3(d:dict, learn:Learner|None) -> tuple:
     "A format-3 `ReproCB` state in format 4: no entry point was recorded (a resume does not read it)"
     return {**d, 'provenance': {**d['provenance'], 'entry': None}}, []
+
+# %% ../nbs/03_callback.ipynb #27873409
+@checkpoint_upgrade('repro_cb', 4)
+def _repro_from_v4(d:dict, learn:Learner|None) -> tuple:
+    "A format-4 `ReproCB` state in format 5: no tracker runs recorded (a resumed fit starts its trackers' runs anew)"
+    return {**d, 'trackers': None}, []
 
 # %% ../nbs/03_callback.ipynb #c6881974
 @patch(as_prop=True)
