@@ -2,7 +2,7 @@
 `ReproCB` and `CheckpointCB(autoresume=True)`, and the trackers the command line names, trained for a few epochs in the
 current directory; `--kill N` ends the process by SIGKILL right after training iteration N (after the periodic
 checkpoint of that iteration, if one fell due), as a machine that dies. Run again without `--kill`, it continues."""
-import argparse, os, signal, sys
+import argparse, os, signal, sys, time, urllib.request
 import numpy as np, pandas as pd, torch
 from fastai.tabular.all import *
 from fastrepro.callback import ReproCB
@@ -13,6 +13,19 @@ from fastrepro.trace import state_digest
 
 N_EPOCH, EVERY, SEED, LR = 3, 3, 5, 1e-2
 N_ROWS, N_VALID, BS = 80, 16, 16  # 4 training batches an epoch
+SERVER_START_S = 180  # `mlflow server` creates its SQLite schema when it starts: about 30 s on a loaded 2-core machine
+
+
+def wait_for_server(url:str):
+    "Wait until the MLflow server at `url` answers (the tests start it and this job together)"
+    deadline = time.monotonic() + SERVER_START_S
+    while True:
+        try:
+            with urllib.request.urlopen(f'{url}/health', timeout=5): return
+        except OSError:
+            if time.monotonic() > deadline: raise RuntimeError(f"No MLflow server answers at {url} after "
+                                                               f"{SERVER_START_S} s: see its log.")
+            time.sleep(0.5)
 
 
 def learner(cbs) -> Learner:
@@ -53,6 +66,7 @@ def main(args):
         cbs.append(WandbCallback(log_preds=False))
     if args.mlflow:
         import mlflow
+        wait_for_server(mlflow.get_tracking_uri())
         mlflow.set_experiment('fastrepro-test')
         mlflow.start_run()
     if args.kill: cbs.append(KillAt(args.kill))
