@@ -303,7 +303,9 @@ class FitTrackers(Callback):
              ):
         "Find the fit's trackers (none: nothing happens), continue the runs of `saved`, attach for the fit"
         saved = saved or {}
-        self.trackers = L(t for t in (c.find(learn, saved.get(c.kind)) for c in TRACKERS) if t is not None)
+        # the trackers are rank 0's, as fastai's tracker callbacks
+        found = () if rank_distrib() else (c.find(learn, saved.get(c.kind)) for c in TRACKERS)
+        self.trackers = L(t for t in found if t is not None)
         if not self.trackers: return
         self.record, self._started, self._saved_iter = record, False, None
         info = tracker_provenance(seed, prov, record.run_id)
