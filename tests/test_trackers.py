@@ -150,8 +150,8 @@ def test_wandb(runs):
     # the killed process logged before is in its file as far as W&B had written it when SIGKILL came (none here)
     assert sorted(resumed['history']) == [s for s in sorted(want['history']) if s >= 2*EVERY]
     for s, row in resumed['history'].items():
-        for k in ('train_loss', 'raw_loss', 'lr_0', 'epoch', 'valid_loss', 'fastrepro/loss_scale', 'fastrepro/overflow'):
-            assert row.get(k) == want['history'][s].get(k), (s, k)
+        for k in ('train_loss', 'raw_loss', 'lr_0', 'epoch', 'valid_loss', 'fastrepro/loss_scale',
+                  'fastrepro/overflow'): assert row.get(k) == want['history'][s].get(k), (s, k)
     assert 'fastrepro/loss_scale' in want['history'][0]  # logged with commit=False into WandbCallback's step
 
 
