@@ -20,6 +20,7 @@ JOB_TIMEOUT_S = 300  # one process of the job (about 20 s on a loaded 2-core mac
 TRACKERS = ('--csv', '--tensorboard', '--wandb', '--mlflow', '--fp16')
 # no tracker's telemetry or network look-ups: the tests run offline, and MLflow's wait at exit for a blocked network
 QUIET = dict(WANDB_MODE='offline', WANDB_SILENT='true', MLFLOW_DISABLE_TELEMETRY='true', DO_NOT_TRACK='true')
+os.environ.setdefault('MLFLOW_DISABLE_TELEMETRY', 'true')  # this process reads the MLflow run back, offline too
 WANDB_HEADER, WANDB_BLOCK, WANDB_RECORD_HEADER = b':W&B', 32768, 7  # the layout of W&B's offline `.wandb` files
 WANDB_FULL, WANDB_LAST = 1, 4  # a record's kind: whole, or the last piece of one split over blocks
 
