@@ -59,11 +59,23 @@ def job(folder:Path, *args, env=None, status=0):
     return p
 
 
+def dirty_repository(folder:Path):
+    "`folder`, a git repository whose committed `settings.py` is changed: its runs record a commit, dirty, and a patch"
+    folder.mkdir()
+    git = lambda *args: subprocess.run(['git', '-C', str(folder), '-c', 'user.email=test@example.com', '-c',
+                                        'user.name=test', *args], check=True, capture_output=True)
+    (folder/'.gitignore').write_text('*\n!.gitignore\n!settings.py\n')  # what the runs write is not code
+    (folder/'settings.py').write_text('LR = 1e-2\n')
+    git('init', '-q'); git('add', '-A'); git('commit', '-qm', 'settings')
+    (folder/'settings.py').write_text('LR = 2e-2\n')
+
+
 @pytest.fixture(scope='module')
 def runs(mlflow_server, tmp_path_factory, fastai_home):
     "The uninterrupted run (ref), and the run killed at iteration KILL and run again (run); each with every tracker"
     for m in ('tensorboard', 'wandb'): pytest.importorskip(m, reason=f"{m} is missing: pip install -e '.[dev]'")
     top = tmp_path_factory.mktemp('trackers')
+    for f in ('ref', 'run'): dirty_repository(top/f)
     env = dict(MLFLOW_TRACKING_URI=mlflow_server)
     job(top/'ref', *TRACKERS, '--ledger', str(top/'ref'/'runs.db'), env=env)
     job(top/'run', *TRACKERS, '--ledger', str(top/'run'/'runs.db'), '--kill', str(KILL), env=env, status=-9)
@@ -103,6 +115,9 @@ def test_tensorboard(runs):
     assert [e.step for e in texts] == [0, 2*EVERY]  # the first process's, the resumed one's at its checkpoint
     text = texts[-1].tensor_proto.string_val[0].decode()
     assert '| seed | 5 |' in text and '| env_hash | ' in text and f'--kill {KILL}' not in text, text
+    assert '| dirty | True |' in text and '| commit | ' in text and '| commit | None |' not in text, text
+    patch, = glob.glob(str(run/'runs'/'*'/'fastrepro-patch-*.diff'))
+    assert '+LR = 2e-2' in Path(patch).read_text()
 
 
 def wandb_records(path):
@@ -124,10 +139,12 @@ def wandb_records(path):
 
 def wandb_run(file) -> dict:
     "A W&B offline run: its id, config and summary updates, and its history rows by step"
-    res = dict(id=None, config={}, summary={}, history={})
+    res = dict(id=None, config={}, summary={}, history={}, artifacts=[])
     for r in wandb_records(file):
         kind = r.WhichOneof('record_type')
         if kind == 'run': res['id'] = r.run.run_id
+        elif kind == 'artifact':
+            res['artifacts'].append((r.artifact.type, [m.path for m in r.artifact.manifest.contents]))
         elif kind == 'config': res['config'].update({i.key: json.loads(i.value_json) for i in r.config.update})
         elif kind == 'summary':
             res['summary'].update({i.key or '/'.join(i.nested_key): json.loads(i.value_json) for i in r.summary.update})
@@ -145,7 +162,8 @@ def test_wandb(runs):
     want = wandb_run(glob.glob(str(ref/'wandb'/'offline-run-*'/'run-*.wandb'))[0])
     for r in (resumed, want):
         prov = r['config']['fastrepro']
-        assert prov['seed'] == 5 and prov['env_hash'] and 'commit' in prov and prov['ledger_run'] == 1
+        assert prov['seed'] == 5 and prov['env_hash'] and prov['commit'] and prov['dirty'] and prov['ledger_run'] == 1
+        assert r['artifacts'] == [('code', ['patch.diff'])]
         assert r['summary']['fastrepro/seed'] == 5 and r['summary']['fastrepro/env_hash'] == prov['env_hash']
     # the resumed run continues at the checkpoint's step (W&B counts from 0) with the uninterrupted run's values; what
     # the killed process logged before is in its file as far as W&B had written it when SIGKILL came (none here)
@@ -156,18 +174,23 @@ def test_wandb(runs):
     assert 'fastrepro/loss_scale' in want['history'][0]  # logged with commit=False into WandbCallback's step
 
 
-def test_mlflow(runs):
+def test_mlflow(runs, tmp_path):
     ref, run, url = runs
     import mlflow
     client = mlflow.MlflowClient(url)
     exp = client.get_experiment_by_name('fastrepro-test')
     found = client.search_runs([exp.experiment_id])  # active runs: the one the resumed process began is deleted
-    by_folder = {r.data.tags['fastrepro.entry'].rsplit(' in ', 1)[1]: r for r in found}
-    assert sorted(by_folder) == sorted([str(ref), str(run)]), by_folder.keys()
-    want, got = by_folder[str(ref)], by_folder[str(run)]
+    by_folder = {r.info.run_name: r for r in found}  # the job names its run after its folder
+    assert sorted(by_folder) == ['ref', 'run'], by_folder.keys()
+    want, got = by_folder['ref'], by_folder['run']
     for r in (want, got):
-        assert r.data.tags['fastrepro.seed'] == '5' and r.data.tags['fastrepro.env_hash']
-        assert [a.path for a in client.list_artifacts(r.info.run_id, 'fastrepro')] == ['fastrepro/provenance.json']
+        tags = r.data.tags
+        assert tags['fastrepro.seed'] == '5' and tags['fastrepro.env_hash'] and tags['fastrepro.dirty'] == 'True'
+        assert [a.path for a in client.list_artifacts(r.info.run_id, 'fastrepro')] == [
+            f"fastrepro/patch-{tags['fastrepro.patch_hash']}.diff", 'fastrepro/provenance.json']
+    name = f"fastrepro/patch-{got.data.tags['fastrepro.patch_hash']}.diff"
+    patch = client.download_artifacts(got.info.run_id, name, str(tmp_path))
+    assert '+LR = 2e-2' in Path(patch).read_text()
     for key in ('fastrepro/loss_scale', 'fastrepro/overflow'):
         a, b = (client.get_metric_history(r.info.run_id, key) for r in (want, got))
         assert [m.step for m in b] == list(range(N_EPOCH*N_ITER)), [m.step for m in b]  # no step twice

@@ -68,7 +68,7 @@ def main(args):
         import mlflow
         wait_for_server(mlflow.get_tracking_uri())
         mlflow.set_experiment('fastrepro-test')
-        mlflow.start_run()
+        mlflow.start_run(run_name=Path.cwd().name)
     if args.kill: cbs.append(KillAt(args.kill))
     seed_everything(0)
     learn = learner(cbs)
