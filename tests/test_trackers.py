@@ -154,11 +154,18 @@ def wandb_run(file) -> dict:
     return res
 
 
+def wandb_runs(folder:Path) -> list:
+    "The W&B offline runs in `folder`, oldest first: (run id, from the run's folder name; its file)"
+    files = sorted(glob.glob(str(folder/'wandb'/'offline-run-*'/'run-*.wandb')))
+    return [(Path(f).parent.name.rsplit('-', 1)[1], f) for f in files]
+
+
 def test_wandb(runs):
     ref, run, _ = runs
     # the killed process's run, the one the resumed process started (finished at once, empty), the run continued
-    killed, new, resumed = map(wandb_run, sorted(glob.glob(str(run/'wandb'/'offline-run-*'/'run-*.wandb'))))
-    assert resumed['id'] == killed['id'] != new['id'] and not new['history']
+    (killed, _), (new, new_file), (resumed_id, resumed_file) = wandb_runs(run)
+    resumed = wandb_run(resumed_file)
+    assert resumed_id == resumed['id'] == killed != new and not wandb_run(new_file)['history']
     want = wandb_run(glob.glob(str(ref/'wandb'/'offline-run-*'/'run-*.wandb'))[0])
     for r in (resumed, want):
         prov = r['config']['fastrepro']
@@ -166,7 +173,7 @@ def test_wandb(runs):
         assert r['artifacts'] == [('code', ['patch.diff'])]
         assert r['summary']['fastrepro/seed'] == 5 and r['summary']['fastrepro/env_hash'] == prov['env_hash']
     # the resumed run continues at the checkpoint's step (W&B counts from 0) with the uninterrupted run's values; what
-    # the killed process logged before is in its file as far as W&B had written it when SIGKILL came (none here)
+    # the killed process logged before is in its file as far as W&B had written it when SIGKILL came (often nothing)
     assert sorted(resumed['history']) == [s for s in sorted(want['history']) if s >= 2*EVERY]
     for s, row in resumed['history'].items():
         for k in ('train_loss', 'raw_loss', 'lr_0', 'epoch', 'valid_loss', 'fastrepro/loss_scale',
@@ -206,8 +213,7 @@ def test_ledger_names_the_runs(runs):
     tr = rec.trackers
     assert sorted(tr) == ['csv', 'mlflow', 'tensorboard', 'wandb']
     assert tr['csv'] == str(run/'history.csv') and tr['tensorboard'].startswith(str(run/'runs'))
-    assert tr['mlflow'].startswith(url) and tr['wandb'].endswith(wandb_run(
-        glob.glob(str(run/'wandb'/'offline-run-*'/'run-*.wandb'))[0])['id'])
+    assert tr['mlflow'].startswith(url) and tr['wandb'].endswith('/' + wandb_runs(run)[0][0])
 
 
 BLOCKER = """
