@@ -25,6 +25,7 @@ from .provenance import (run_provenance, environment_info, git_info, pack_git, u
                                   unpack_entry, check_ranks_agree)
 from .ledger import (Ledger, Spool, SPOOL_NAME, RECORD_TIMEOUT_S, spool_address, LedgerWarning, _one_line,
                               _hide_password)
+from .trackers import FitTrackers
 
 # %% auto #0
 __all__ = ['SEED_DRAW_BITS', 'LOSS_NAMES', 'DEFAULT_EXPERIMENT', 'fit_metrics', 'FitRecord', 'FitProvenance', 'ReproCB',
@@ -64,7 +65,7 @@ class FitRecord:
         self._told = False  # warned this fit that the ledger failed
 
     def start(self, learn, seed:int, fit:int, start_epoch:int, prov:dict,
-              resumed:str|int|None=None, # the interrupted fit's record: its key (its id in a format-4 checkpoint)
+              resumed:str|int|None=None, # the interrupted fit's record: its key (its id in a format-3 checkpoint)
              ):
         "Add the record of a fit; resuming, mark the interrupted fit's record running again"
         if self.ledger is None or rank_distrib(): return  # one record per fit: rank 0's
@@ -113,7 +114,7 @@ class FitRecord:
         try:
             ledger = self._ledger()
             if isinstance(resumed, str): return (resumed, ledger.record(resumed)) if ledger.record(resumed) else None
-            runs = ledger.runs(id=resumed)  # a format-4 checkpoint names the record by its id: give it a key
+            runs = ledger.runs(id=resumed)  # a format-3 checkpoint names the record by its id: give it a key
             if not len(runs): return None
             key = uuid.uuid4().hex
             ledger.update(resumed, run_key=key)
@@ -246,6 +247,7 @@ class ReproCB(Callback):
         self.switches, self.trace = FitSwitches(deterministic, warn_only, portable), Trace(trace_every)
         self.provenance = FitProvenance(repo_path, allow_dirty, allow_cudnn_rnn_dropout)
         self.record = ledger if isinstance(ledger, FitRecord) else FitRecord(ledger)
+        self.trackers = FitTrackers()  # the fit's TensorBoard, W&B, MLflow and CSV logs (`fastrepro.trackers`)
         self.position, self.plan = Position(), None  # where the run stands; the running fit's resume plan
         self.pending = None  # a loaded checkpoint's state, until the next fit takes it
         self.active = self.cancelled = False
@@ -269,6 +271,8 @@ class ReproCB(Callback):
             seed_global(derive_seed(self.seed, self.position.fit, 'fit', *_rank_stream(self.rank_streams)))
         self.record.start(self.learn, self.seed, self.position.fit, self.plan.epoch, self.provenance.prov,
                           resumed=(self.plan.resumed or {}).get('ledger_run'))
+        self.trackers.start(self.learn, self.seed, self.provenance.prov, self.record,
+                            (self.plan.resumed or {}).get('trackers'))
 
     def before_epoch(self):
         if not self.active: return
@@ -344,6 +348,7 @@ class ReproCB(Callback):
         if self.deterministic_data: undo_deterministic(self.dls)
         self.trace.flush()
         self.record.end(self.learn, exc, self.cancelled)
+        self.trackers.end()
 
 # %% ../nbs/03_callback.ipynb #9e1a0aa7
 def repro_state(cb:ReproCB) -> dict:
@@ -352,7 +357,7 @@ def repro_state(cb:ReproCB) -> dict:
     res = dict(seed=cb.seed, position=cb.position.state_dict(learn), grad_present=grad_presence(learn.model),
                recorder=recorder_state(rec) if rec is not None and hasattr(rec, 'lrs') else None,
                trace=cb.trace.state_dict(), provenance=cb.provenance.state(), ledger_run=cb.record.run_id,
-               fastai_callbacks=fastai_callback_states(learn), world_size=world_size())
+               trackers=cb.trackers.state(), fastai_callbacks=fastai_callback_states(learn), world_size=world_size())
     if not cb.deterministic_data: res['loader_orders'] = loader_orders(learn.dls)
     if cb.position.batch: res['inside'] = inside_state(learn, cb._train_end, cb.deterministic_data and cb.active)
     return res
@@ -364,7 +369,8 @@ def _repro_summary(state:dict) -> dict:
     pos, prov = state['position'], state['provenance']
     return dict(seed=state['seed'], fit_idx=pos['fit'], n_epoch=pos['n_epoch'], start_epoch=pos['epoch'],
                 batch=pos['batch'], iteration=pos['train_iter'], env=prov['env'], git=unpack_git(prov['git']),
-                entry=unpack_entry(prov['entry']), device=prov['device'], world_size=state['world_size'])
+                entry=unpack_entry(prov['entry']), device=prov['device'], world_size=state['world_size'],
+                trackers=state['trackers'])
 
 # %% ../nbs/03_callback.ipynb #e7ca0cb8
 _V1_TRACE_KEYS = {'fp_names': 'param_names', 'fp_rows': 'norm_rows', 'fp': 'norms'}  # format 1's names of the norms
@@ -403,8 +409,9 @@ def _repro_from_v2(d:dict, learn:Learner|None) -> tuple:
 
 @checkpoint_upgrade('repro_cb', 3)
 def _repro_from_v3(d:dict, learn:Learner|None) -> tuple:
-    "A format-3 `ReproCB` state in format 4: no entry point was recorded (a resume does not read it)"
-    return {**d, 'provenance': {**d['provenance'], 'entry': None}}, []
+    ("A format-3 `ReproCB` state in format 4: no entry point and no tracker runs were recorded (a resume does not "
+     "read the entry; a fit resumed from it starts its trackers' runs anew)")
+    return {**d, 'provenance': {**d['provenance'], 'entry': None}, 'trackers': None}, []
 
 # %% ../nbs/03_callback.ipynb #c6881974
 @patch(as_prop=True)

@@ -250,8 +250,8 @@ def test_resumed_fit_continues_its_spooled_record(tmp_path):
     assert (runs.status.iloc[0], runs.notes.iloc[0]) == ('completed', 'resumed at epoch 1')
     assert runs.metrics.iloc[0]['final']['valid_loss'] == float(res.recorder.values[-1][1])
 
-def test_format4_checkpoint_names_its_record_by_id(tmp_path):
-    "A checkpoint of format 4 names its ledger record by the ledger's id: a resume continues that record, keyed now"
+def test_format3_checkpoint_names_its_record_by_id(tmp_path):
+    "A checkpoint of format 3 names its ledger record by the ledger's id: a resume continues that record, keyed now"
     from fastrepro.all import FitRecord
     ledger = Ledger(tmp_path/'runs.db')
     old = ledger.add(dict(experiment='exp', seed=3, status='interrupted', duration=2.5))
