@@ -106,6 +106,11 @@ class FitRecord:
         if self.ledger is None or self.started is None: return
         self.events.append(event); self._write()
 
+    def update(self, **fields):
+        "Set `fields` of the running record (e.g. its tracker runs) and write it, spooled where the ledger fails"
+        if self.ledger is None or self.started is None: return
+        self.fields.update(fields); self._write()
+
     def _previous(self, resumed) -> tuple|None:
         "`(key, fields)` of the record a resumed fit continues: spooled beside the run, or in the ledger"
         if resumed is None: return None

@@ -418,8 +418,9 @@ class Reproduction:
 # %% ../nbs/18_reproduce.ipynb #a1700046
 MAX_CANDIDATES = 1000  # files read when looking for a ledger run's checkpoint: a project's models, not a data lake
 
-def _ledger_run(path:Path) -> int|None:
-    "The ledger record of the fit that wrote checkpoint `path`; None when it names none or is not a checkpoint"
+def _ledger_run(path:Path) -> str|int|None:
+    ("The ledger record of the fit that wrote checkpoint `path`: its key (its id in a format-3 checkpoint); None "
+     "when it names none or is not a checkpoint")
     try: extra = split_state(read_checkpoint(path, mmap=True))[2]
     except (CheckpointError, OSError): return None
     return None if extra is None else extra['callbacks'].get('repro_cb', {}).get('ledger_run')
@@ -430,7 +431,7 @@ def ledger_checkpoint(record:pd.Series, # a row of `Ledger.runs`
     where = Path((record.git or {}).get('root') or '.')/((record.entry or {}).get('cwd') or '.')
     found = []
     for f in itertools.islice(where.rglob('*.pth'), MAX_CANDIDATES):
-        if '.git' in f.parts or _ledger_run(f) != record.name: continue
+        if '.git' in f.parts or _ledger_run(f) not in (record.run_key, record.name): continue
         info = checkpoint_info(f)
         if (info['git'] or {}).get('commit') == record.commit and info['seed'] == record.seed:
             found.append(((info['start_epoch'], info['batch']), str(f)))
@@ -439,9 +440,11 @@ def ledger_checkpoint(record:pd.Series, # a row of `Ledger.runs`
                              "with its commit and seed): pass the checkpoint itself.")
     return Path(max(found)[1])
 
-def _ledger_record(ledger:Ledger, run_id:int) -> pd.Series:
-    runs = ledger.runs(id=int(run_id))
-    if not len(runs): raise ReproduceError(f"There is no run {run_id} in ledger {ledger.db.address}: `fastrepro runs` "
+def _ledger_record(ledger:Ledger, run:str|int) -> pd.Series:
+    "The record of ledger run `run`: its id (`fastrepro runs` shows it), or the key a checkpoint names it by"
+    is_id = isinstance(run, int) or str(run).isdigit()
+    runs = ledger.runs(id=int(run)) if is_id else ledger.runs(run_key=run)
+    if not len(runs): raise ReproduceError(f"There is no run {run} in ledger {ledger.db.address}: `fastrepro runs` "
                                            "lists its runs.")
     return runs.iloc[0]
 
@@ -539,7 +542,8 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
                        {k: v for k, v in pos.items() if k in ('fit', 'epoch', 'batch', 'iteration')},
                        parts, {q: (None if w is None else _quantity(q, w, w)) for q, w in quantities.items()},
                        predicted, before, after, data, argv, str(out), timings)
-    if record is not None: res.ledger_run, res.record = int(run), record_reproduction(book, record, res, again['facts'])
+    if record is not None:
+        res.ledger_run, res.record = int(record.name), record_reproduction(book, record, res, again['facts'])
     res.save(out, tuple(trace_frame(r['extra']['callbacks']['repro_cb']['trace']) for r in (rec, again)))
     _say(show, f"{text} (report in {out})")
     return res

@@ -50,7 +50,7 @@ def entry_text(entry:dict|None) -> str|None:
 
 def tracker_provenance(seed:int, # the run seed
                        prov:dict, # the fit's `run_provenance`
-                       ledger_run:int|None=None, # the fit's ledger record
+                       ledger_run:str|None=None, # the fit's ledger record: its key (`FitRecord.run_id`)
                       ) -> dict:
     "What a tracker's run is told of a fit, as short plain values every tracker stores"
     return dict(seed=seed, commit=prov['commit'], dirty=bool(prov['dirty']), patch_hash=prov['git'].get('diff_hash'),
@@ -346,9 +346,7 @@ class FitTrackers(Callback):
 
     def _link_ledger(self):
         "The fit's ledger record names its trackers' runs"
-        rec = self.record
-        if rec.ledger is not None and rec.run_id is not None and not rank_distrib():
-            rec.ledger.update(rec.run_id, trackers=self.runs)
+        self.record.update(trackers=self.runs)  # rank 0's: the trackers are
 
     def _checkpoint_key(self):
         cb = getattr(self.learn, 'checkpoint_cb', None)

@@ -15,6 +15,7 @@ from fastrepro.cli import main
 from fastrepro.reproduce import reproduce, reproduce_segments, segments_verdict, EXIT_PARTS, EXIT_FAILED
 from fastrepro.reproduce import _ledger_run
 from fastrepro.ledger import Ledger
+from fastrepro.ledger import Ledger
 
 RUN_TIMEOUT_S = 300  # one training process: a fastai import (about 5 s) and a few tiny fits; a hang is a failure
 POLL_S = 0.2  # how often the kill test looks for the worktree
@@ -110,7 +111,8 @@ def test_reproduced_bit_for_bit_after_the_checkout_moved_on(trained, tmp_path, c
     for f in ('report.md', 'report.png', 'rerun.log', 'checkpoints/models/lm.pth', 'checkpoints/models/checkpoint.pth'):
         assert (tmp_path/'out'/f).is_file(), f
     assert 'reproduced bit for bit' in (tmp_path/'out'/'report.md').read_text()
-    assert report['ledger_run'] == _ledger_run(ckpt) == 3  # the classifier's third fit: its third record
+    assert report['ledger_run'] == 3  # the classifier's third fit: its third record, named by its key in the checkpoint
+    assert _ledger_run(ckpt) == Ledger(root/'runs.db').runs(id=3).run_key.iloc[0]
     assert main(['runs', '--ledger', str(root/'runs.db')]) == 0  # the verdict beside the run
     line = next(l for l in capsys.readouterr().out.splitlines() if l.split()[0] == '3')
     assert line.endswith(f"reproduced bit for bit (#{report['record']})"), line
