@@ -15,7 +15,6 @@ from fastrepro.cli import main
 from fastrepro.reproduce import reproduce, reproduce_segments, segments_verdict, EXIT_PARTS, EXIT_FAILED
 from fastrepro.reproduce import _ledger_run
 from fastrepro.ledger import Ledger
-from fastrepro.ledger import Ledger
 
 RUN_TIMEOUT_S = 300  # one training process: a fastai import (about 5 s) and a few tiny fits; a hang is a failure
 POLL_S = 0.2  # how often the kill test looks for the worktree
