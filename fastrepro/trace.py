@@ -214,7 +214,7 @@ def _note_divergence(learn:Learner, which:str, d:Divergence|None, trace:pd.DataF
     step = d.iter if d is not None else int(trace.iter.iloc[-1]) if len(trace) else 0
     learn.repro_cb.trackers.note('first_divergence', text, step)
 
-def first_divergence(trace_a, # a run trace (`learn.repro_trace`), a `Learner` with `ReproCB`, or a path for `load_trace`
+def first_divergence(trace_a, # a run trace (`learn.repro_trace`), a `Learner` with `ReproCB`, or a `load_trace` path
                      trace_b, # the run to compare with, as the same kinds
                      detail:bool=False, # return a `Divergence` instead of the iteration
                     ) -> int|Divergence|None:

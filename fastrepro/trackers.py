@@ -187,7 +187,8 @@ class TensorBoardRun:
         from torch.utils.tensorboard import SummaryWriter
         d = Path(saved['log_dir'])
         if not d.is_dir(): raise FileNotFoundError(f"its log folder {d} is gone")
-        with SummaryWriter(log_dir=str(d)) as w: w.add_text(f'{PREFIX}/{key}', text, saved['step'] if step is None else step)
+        with SummaryWriter(log_dir=str(d)) as w:
+            w.add_text(f'{PREFIX}/{key}', text, saved['step'] if step is None else step)
         return str(d)
 
 # %% ../nbs/17_trackers.ipynb #1650f0fd
@@ -244,7 +245,7 @@ class WandbRun:
 
     @staticmethod
     def note_run(saved:dict, key:str, text:str, step:int|None, files=()) -> str:
-        "`fastrepro/{key}` in the summary of the saved run: this process's run, or the run continued by id, in its mode"
+        "`fastrepro/{key}` in the saved run's summary: this process's run, or the run continued by id, in its mode"
         import wandb
         r, own = wandb.run, wandb.run is None or wandb.run.id != saved['id']
         if own: r = wandb.init(id=saved['id'], resume='allow', project=saved['project'], entity=saved['entity'],
@@ -253,7 +254,7 @@ class WandbRun:
         try: r.summary[f'{PREFIX}/{key}'] = text
         finally:
             if own: r.finish()
-        return f"{saved['entity']}/{saved['project']}/{saved['id']}" if saved['entity'] else f"{saved['project']}/{saved['id']}"
+        return '/'.join(filter(None, (saved['entity'], saved['project'], saved['id'])))
 
 # %% ../nbs/17_trackers.ipynb #0f760f94
 class MlflowRun:
@@ -314,7 +315,7 @@ class MlflowRun:
 
     @staticmethod
     def note_run(saved:dict, key:str, text:str, step:int|None, files=()) -> str:
-        "The tag `fastrepro.{key}` of the saved run on its tracking server, and `files` as its artifacts under `fastrepro/{key}`"
+        "The tag `fastrepro.{key}` of the saved run on its tracking server, `files` its artifacts in `fastrepro/{key}`"
         import mlflow
         with _bounded_requests():
             client = mlflow.MlflowClient(saved['uri'])
@@ -439,7 +440,8 @@ def note_runs(saved:dict|None, # the trackers' state of a checkpoint (`checkpoin
         if st is None: continue
         try: where = cls.note_run(st, key, text, step, files)
         except Exception as e:  # never fail the caller (a reproduce, a comparison) because of a tracker
-            why = f"{e.name} is not installed here" if isinstance(e, ModuleNotFoundError) else _first_line(e)
+            why = (f"the tracker cannot be imported here ({_first_line(e)})" if isinstance(e, ImportError)
+                   else _first_line(e))
             lines.append(f"not logged in the {cls.kind} run {_saved_run(cls.kind, st)}: {why}")
         else:
             if where is not None: lines.append(f"logged in the {cls.kind} run {where}")
