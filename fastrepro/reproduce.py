@@ -18,6 +18,7 @@ from .checkpoint import (CheckpointError, read_checkpoint, split_state, upgrade_
 from .trace import trace_frame, first_divergence, plot_losses
 from .provenance import ENTRY_ENV, environment_info, env_diff, git_info, write_cells
 from .ledger import Ledger, LedgerError, REPRODUCTION
+from .trackers import note_runs
 
 # %% auto #0
 __all__ = ['STOP_ENV', 'STOP_NAME', 'EXIT_REPRODUCED', 'EXIT_PARTS', 'EXIT_FAILED', 'GIT_TIMEOUT_S', 'KILL_GRACE_S',
@@ -313,8 +314,8 @@ def first_difference(a, b, where:str='') -> str|None:
     same = a == b or (isinstance(a, float) and isinstance(b, float) and np.isnan(a) and np.isnan(b))
     return None if same else where
 
-# ReproCB's state that is not the computation: where and when it ran, its ledger record
-_NOT_COMPUTED = ('provenance', 'ledger_run')
+# ReproCB's state that is not the computation: where and when it ran, its ledger record, its tracker runs
+_NOT_COMPUTED = ('provenance', 'ledger_run', 'trackers')
 
 def compare_states(a:dict, b:dict) -> dict:
     ("Each quantity of two checkpoints (`_record`s) -> None when bit-identical, else where it first differs: the "
@@ -380,6 +381,7 @@ class Reproduction:
     timings:dict = field(default_factory=dict) # seconds: rebuild, environment, rerun, compare
     ledger_run:int|None = None # the reproduced run's ledger record
     record:int|None = None # the ledger record of this reproduction (status 'reproduction'), linked to `ledger_run`
+    trackers:list = field(default_factory=list) # the reproduced run's tracker runs the verdict was logged in, or not
 
     @property
     def reproduced(self) -> bool: return self.exit_code == EXIT_REPRODUCED
@@ -397,6 +399,7 @@ class Reproduction:
             f"iteration {p['iteration']}", f"- re-run: `{' '.join(map(str, self.command))}`",
             f"- before running: {self.prediction}", f"- data: {self.data}",
             *([f"- ledger: run {self.ledger_run}; this reproduction is run {self.record}"] if self.record else []),
+            *[f"- trackers: verdict {line}" for line in self.trackers],
             '- seconds: ' + ', '.join(f"{k} {v:.1f}" for k, v in t.items()), '',
             '| quantity | first difference |', '|---|---|', *rows, '',
             '| environment | recorded | re-run | changes bits |', '|---|---|---|---|',
@@ -545,6 +548,9 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
     if record is not None:
         res.ledger_run, res.record = int(record.name), record_reproduction(book, record, res, again['facts'])
     res.save(out, tuple(trace_frame(r['extra']['callbacks']['repro_cb']['trace']) for r in (rec, again)))
+    res.trackers = note_runs(info['trackers'], 'reproduce', text, files=[out/'report.md', out/'report.json'])
+    if res.trackers: res.save(out)  # the report says where the verdict was logged
+    for line in res.trackers: _say(show, f"verdict {line}")
     _say(show, f"{text} (report in {out})")
     return res
 

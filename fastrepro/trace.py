@@ -180,6 +180,7 @@ def _keyed(trace:pd.DataFrame, which:str) -> pd.DataFrame:
     return res
 
 def _as_trace(trace) -> pd.DataFrame:
+    if isinstance(trace, Learner): return trace.repro_trace
     return trace if isinstance(trace, pd.DataFrame) else load_trace(trace)
 
 def _differs(a:np.ndarray, b:np.ndarray) -> np.ndarray:
@@ -187,12 +188,9 @@ def _differs(a:np.ndarray, b:np.ndarray) -> np.ndarray:
     return ~((a == b) | (np.isnan(a) & np.isnan(b)))
 
 # %% ../nbs/09_trace.ipynb #281711d6
-def first_divergence(trace_a, # a run trace (`learn.repro_trace`) or a path for `load_trace`
-                     trace_b, # the trace of the run to compare with
-                     detail:bool=False, # return a `Divergence` instead of the iteration
-                    ) -> int|Divergence|None:
-    "The first `iter` at which two run traces differ, or None when they never do; with `detail`, a `Divergence`"
-    a, b = _keyed(_as_trace(trace_a), 'A'), _keyed(_as_trace(trace_b), 'B')
+def _divergence(a:pd.DataFrame, b:pd.DataFrame) -> Divergence|None:
+    "Where traces `a` and `b` part"
+    a, b = _keyed(a, 'A'), _keyed(b, 'B')
     cols = ['loss'] + [c for c in _norm_columns(a) if c in b.columns]
     idx = a.index.union(b.index).sort_values()
     in_a, in_b = idx.isin(a.index), idx.isin(b.index)
@@ -202,12 +200,31 @@ def first_divergence(trace_a, # a run trace (`learn.repro_trace`) or a path for 
     if not parted.any(): return None
     i = int(parted.argmax())
     fit, it = (int(o) for o in idx[i])
-    if not detail: return it
     epoch = int((a if in_a[i] else b).loc[(fit, it), 'epoch'])
     if not (in_a[i] and in_b[i]): return Divergence(fit, epoch, it, missing='B' if in_a[i] else 'A')
     diff_cols = [c for c, d in zip(cols, differs[i]) if d]
     return Divergence(fit, epoch, it, diff_cols, {c: (float(va[i, j]), float(vb[i, j])) for j, c in enumerate(cols)
                                                   if c in diff_cols})
+
+def _note_divergence(learn:Learner, which:str, d:Divergence|None, trace:pd.DataFrame):
+    "Tell the tracker runs of `learn`'s last fit (`FitTrackers.note`) the verdict on its run, run `which`"
+    other = 'B' if which == 'A' else 'A'
+    if d is None: text = f"This run ({which}) and run {other} are identical: {len(trace)} iterations compared."
+    else: text = f"This run ({which}) and run {other} part at {d}"
+    step = d.iter if d is not None else int(trace.iter.iloc[-1]) if len(trace) else 0
+    learn.repro_cb.trackers.note('first_divergence', text, step)
+
+def first_divergence(trace_a, # a run trace (`learn.repro_trace`), a `Learner` with `ReproCB`, or a `load_trace` path
+                     trace_b, # the run to compare with, as the same kinds
+                     detail:bool=False, # return a `Divergence` instead of the iteration
+                    ) -> int|Divergence|None:
+    ("The first `iter` at which two run traces differ, or None when they never do; with `detail`, a `Divergence`. "
+     "A learner's tracker runs are told the verdict")
+    a, b = _as_trace(trace_a), _as_trace(trace_b)
+    d = _divergence(a, b)
+    for which, run, trace in (('A', trace_a, a), ('B', trace_b, b)):
+        if isinstance(run, Learner): _note_divergence(run, which, d, trace)
+    return d if detail or d is None else d.iter
 
 # %% ../nbs/09_trace.ipynb #79df2ab8
 TRACE_FORMAT, TRACE_VERSION = 'fastrepro.trace', 1  # what a trace file says it is

@@ -6,20 +6,23 @@ Docs: https://fastrepro.github.io/fastrepro/trackers.html.md"""
 
 # %% ../nbs/17_trackers.ipynb #aea37c3f
 from __future__ import annotations
-import sys, time, hashlib
+import os, sys, time, hashlib, contextlib
 from fastai.basics import *
 from fastai.callback.progress import CSVLogger
 from fastai.callback.fp16 import MixedPrecision
 from .core import *
 
 # %% auto #0
-__all__ = ['PREFIX', 'FILE_CHUNK', 'TB_MODULE', 'WANDB_MODULE', 'TRACKERS', 'loaded_class', 'attached_cb', 'env_summary',
-           'entry_text', 'tracker_provenance', 'file_digest', 'step_values', 'CSVHistory', 'TensorBoardRun', 'WandbRun',
-           'MlflowRun', 'FitTrackers']
+__all__ = ['PREFIX', 'FILE_CHUNK', 'TRACKER_TIMEOUT_S', 'TB_MODULE', 'WANDB_MODULE', 'TRACKERS', 'loaded_class', 'attached_cb',
+           'env_summary', 'entry_text', 'tracker_provenance', 'file_digest', 'step_values', 'CSVHistory',
+           'TensorBoardRun', 'WandbRun', 'MlflowRun', 'FitTrackers', 'note_runs']
 
 # %% ../nbs/17_trackers.ipynb #7329cbde
 PREFIX = 'fastrepro'    # what fastrepro writes into a tracker's run is named under it: tags, keys, files
 FILE_CHUNK = 1 << 20    # bytes read at a time for a checkpoint's digest
+# a verdict logged after the fit (`note_runs`) waits this long for a tracker's server: one that does not answer is
+# reported in a line, not waited for (W&B's `init_timeout` is 90 s, MLflow retries a request for minutes)
+TRACKER_TIMEOUT_S = 20
 TB_MODULE, WANDB_MODULE = 'fastai.callback.tensorboard', 'fastai.callback.wandb'  # fastai's; they import the trackers
 
 def loaded_class(module:str, # a module's name
@@ -110,6 +113,8 @@ class CSVHistory:
         self._last = dict(file=self.run, size=f.tell())
         return self._last
     def end(self): self.state()
+    @staticmethod
+    def note_run(saved:dict, key:str, text:str, step:int|None, files=()): return None  # no place for a verdict
 
 # %% ../nbs/17_trackers.ipynb #3a25338c
 class _StepWriter:
@@ -176,6 +181,16 @@ class TensorBoardRun:
         self.state()
         self.cb.__dict__.pop('_setup_writer', None)
 
+    @staticmethod
+    def note_run(saved:dict, key:str, text:str, step:int|None, files=()) -> str:
+        "The text `fastrepro/{key}` at `step` (None: the saved one) in a new event file of the saved log folder"
+        from torch.utils.tensorboard import SummaryWriter
+        d = Path(saved['log_dir'])
+        if not d.is_dir(): raise FileNotFoundError(f"its log folder {d} is gone")
+        with SummaryWriter(log_dir=str(d)) as w:
+            w.add_text(f'{PREFIX}/{key}', text, saved['step'] if step is None else step)
+        return str(d)
+
 # %% ../nbs/17_trackers.ipynb #1650f0fd
 class WandbRun:
     ("fastai's `WandbCallback`: provenance in the run's config and summary, the patch as an artifact, the loss scale "
@@ -222,9 +237,24 @@ class WandbRun:
     def note(self, key:str, text:str, step:int): self.wandb.run.summary[f'{PREFIX}/{key}'] = text
     def state(self) -> dict|None:
         if self.wandb.run is None or not hasattr(self.cb, '_wandb_step'): return self._last
-        self._last = dict(id=self.wandb.run.id, step=int(self.cb._wandb_step), epoch=float(self.cb._wandb_epoch))
+        r = self.wandb.run  # with what `note_run` continues it from another process
+        self._last = dict(id=r.id, project=r.project, entity=r.entity, dir=str(Path(r.settings.root_dir).absolute()),
+                          mode=r.settings.mode, step=int(self.cb._wandb_step), epoch=float(self.cb._wandb_epoch))
         return self._last
     def end(self): self.state()
+
+    @staticmethod
+    def note_run(saved:dict, key:str, text:str, step:int|None, files=()) -> str:
+        "`fastrepro/{key}` in the saved run's summary: this process's run, or the run continued by id, in its mode"
+        import wandb
+        r, own = wandb.run, wandb.run is None or wandb.run.id != saved['id']
+        if own: r = wandb.init(id=saved['id'], resume='allow', project=saved['project'], entity=saved['entity'],
+                               dir=saved['dir'], mode=saved['mode'], reinit='create_new',
+                               settings=wandb.Settings(init_timeout=TRACKER_TIMEOUT_S, silent=True))
+        try: r.summary[f'{PREFIX}/{key}'] = text
+        finally:
+            if own: r.finish()
+        return '/'.join(filter(None, (saved['entity'], saved['project'], saved['id'])))
 
 # %% ../nbs/17_trackers.ipynb #0f760f94
 class MlflowRun:
@@ -278,10 +308,30 @@ class MlflowRun:
         self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, self.step) for k, v in values.items()])
     def note(self, key:str, text:str, step:int): self.client.set_tag(self.run_id, f'{PREFIX}.{key}', text)
     def state(self) -> dict:
-        self._last = dict(run_id=self.run_id, step=self.step)
+        self._last = dict(run_id=self.run_id, uri=self.mlflow.get_tracking_uri(), step=self.step)
         return self._last
     def end(self):
         if self.opened: self.mlflow.end_run()
+
+    @staticmethod
+    def note_run(saved:dict, key:str, text:str, step:int|None, files=()) -> str:
+        "The tag `fastrepro.{key}` of the saved run on its tracking server, `files` its artifacts in `fastrepro/{key}`"
+        import mlflow
+        with _bounded_requests():
+            client = mlflow.MlflowClient(saved['uri'])
+            client.set_tag(saved['run_id'], f'{PREFIX}.{key}', text)
+            for f in files: client.log_artifact(saved['run_id'], str(f), f'{PREFIX}/{key}')
+        return f"{saved['uri']}#{saved['run_id']}"
+
+@contextlib.contextmanager
+def _bounded_requests():
+    "MLflow's requests, unless the user set their own limits: no retries, `TRACKER_TIMEOUT_S` each"
+    limits = {'MLFLOW_HTTP_REQUEST_MAX_RETRIES': '0', 'MLFLOW_HTTP_REQUEST_TIMEOUT': str(TRACKER_TIMEOUT_S)}
+    mine = {k: v for k, v in limits.items() if k not in os.environ}
+    os.environ.update(mine)
+    try: yield
+    finally:
+        for k in mine: os.environ.pop(k, None)
 
 # %% ../nbs/17_trackers.ipynb #8e4915ae
 TRACKERS = (CSVHistory, TensorBoardRun, WandbRun, MlflowRun)  # each `find`s its tracker in a fit, or returns None
@@ -339,6 +389,17 @@ class FitTrackers(Callback):
         for t in self.trackers: t.end()
         self.learn.remove_cb(self)
 
+    def note(self, key:str, # what is logged: `fastrepro/{key}` (TensorBoard, W&B), the tag `fastrepro.{key}` (MLflow)
+             text:str, # e.g. a verdict
+             step:int, # the training iteration it is about (TensorBoard's step)
+            ):
+        "Log `text` in the fit's tracker runs: during the fit with its writers, after it in the runs it wrote to"
+        if self.learn is not None:
+            for t in self.trackers: t.note(key, text, step)
+            return
+        for line in note_runs(self.state(), key, text, step):
+            if line.startswith('not '): warnings.warn(f"fastrepro: {key} {line}")
+
     @property
     def runs(self) -> dict:
         "The tracker runs of the fit, by tracker"
@@ -361,3 +422,27 @@ class FitTrackers(Callback):
         self._seen = key
         it = self.train_iter if self._saved_iter is None else self._saved_iter
         for t in self.trackers: t.note('checkpoint', f"{key[0].name} sha256 {file_digest(key[0])} (iteration {it})", it)
+
+# %% ../nbs/17_trackers.ipynb #f73992b4
+def note_runs(saved:dict|None, # the trackers' state of a checkpoint (`checkpoint_info(f)['trackers']`)
+              key:str, # what is logged: `fastrepro/{key}` (TensorBoard, W&B), the tag `fastrepro.{key}` (MLflow)
+              text:str, # the verdict
+              step:int|None=None, # TensorBoard's step (None: the checkpoint's)
+              files=(), # files logged with it where the tracker keeps files (MLflow's artifacts)
+             ) -> list:
+    "Log `text` in the tracker runs of a saved trackers state; a line per run: where it was logged, or why not"
+    lines = []
+    for cls in TRACKERS:
+        st = (saved or {}).get(cls.kind)
+        if st is None: continue
+        try: where = cls.note_run(st, key, text, step, files)
+        except Exception as e:  # never fail the caller (a reproduce, a comparison) because of a tracker
+            why = (f"the tracker cannot be imported here ({_first_line(e)})" if isinstance(e, ImportError)
+                   else _first_line(e))
+            lines.append(f"not logged in the {cls.kind} run {_saved_run(cls.kind, st)}: {why}")
+        else:
+            if where is not None: lines.append(f"logged in the {cls.kind} run {where}")
+    return lines
+
+def _saved_run(kind:str, st:dict) -> str: return st[{'tensorboard': 'log_dir', 'wandb': 'id', 'mlflow': 'run_id'}[kind]]
+def _first_line(e) -> str: return (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -6,8 +6,9 @@ each tracker's own reader: `history.csv` is the uninterrupted run's; TensorBoard
 scalar at the uninterrupted run's steps with its values, each once, and the provenance; the W&B run's offline files
 hold the provenance in its config and summary, and the resumed process continued the same run id at the checkpoint's
 step, with the uninterrupted run's values; MLflow's run holds the provenance tags and artifacts, the resumed fit
-continued it, no step twice. The ledger names the tracker runs. Without the trackers importable, fastrepro imports
-none and a fit runs as before."""
+continued it, no step twice. The ledger names the tracker runs. A `reproduce` verdict is logged in the uninterrupted
+run's three tracker runs, read back with their readers. Without the trackers importable, fastrepro imports none and a
+fit runs as before."""
 import glob, json, os, signal, socket, struct, subprocess, sys
 from pathlib import Path
 import pytest
@@ -162,16 +163,15 @@ def wandb_runs(folder:Path) -> list:
 
 def test_wandb(runs):
     ref, run, _ = runs
+    from fastrepro.ledger import Ledger
     # the killed process's run, the one the resumed process started (finished at once, empty), the run continued
     (killed, _), (new, new_file), (resumed_id, resumed_file) = wandb_runs(run)
     resumed = wandb_run(resumed_file)
     assert resumed_id == resumed['id'] == killed != new and not wandb_run(new_file)['history']
-    want = wandb_run(glob.glob(str(ref/'wandb'/'offline-run-*'/'run-*.wandb'))[0])
-    from fastrepro.ledger import Ledger
+    want = wandb_run(wandb_runs(ref)[0][1])  # the run itself (a verdict logged later continues it in a new file)
     for r, folder in ((resumed, run), (want, ref)):
-        prov = r['config']['fastrepro']
-        assert prov['seed'] == 5 and prov['env_hash'] and prov['commit'] and prov['dirty']
-        assert prov['ledger_run'] == Ledger(folder/'runs.db').runs().run_key.iloc[0]  # the ledger record, by its key
+        prov, key = r['config']['fastrepro'], Ledger(folder/'runs.db').runs().iloc[0].run_key
+        assert prov['seed'] == 5 and prov['env_hash'] and prov['commit'] and prov['dirty'] and prov['ledger_run'] == key
         assert r['artifacts'] == [('code', ['patch.diff'])]
         assert r['summary']['fastrepro/seed'] == 5 and r['summary']['fastrepro/env_hash'] == prov['env_hash']
     # the resumed run continues at the checkpoint's step (W&B counts from 0) with the uninterrupted run's values; what
@@ -195,7 +195,7 @@ def test_mlflow(runs, tmp_path):
     for r in (want, got):
         tags = r.data.tags
         assert tags['fastrepro.seed'] == '5' and tags['fastrepro.env_hash'] and tags['fastrepro.dirty'] == 'True'
-        assert [a.path for a in client.list_artifacts(r.info.run_id, 'fastrepro')] == [
+        assert [a.path for a in client.list_artifacts(r.info.run_id, 'fastrepro') if not a.is_dir] == [
             f"fastrepro/patch-{tags['fastrepro.patch_hash']}.diff", 'fastrepro/provenance.json']
     name = f"fastrepro/patch-{got.data.tags['fastrepro.patch_hash']}.diff"
     patch = client.download_artifacts(got.info.run_id, name, str(tmp_path))
@@ -216,6 +216,33 @@ def test_ledger_names_the_runs(runs):
     assert sorted(tr) == ['csv', 'mlflow', 'tensorboard', 'wandb']
     assert tr['csv'] == str(run/'history.csv') and tr['tensorboard'].startswith(str(run/'runs'))
     assert tr['mlflow'].startswith(url) and tr['wandb'].endswith('/' + wandb_runs(run)[0][0])
+
+
+def test_reproduce_verdict_in_the_runs(runs, tmp_path):
+    ("`reproduce` of the uninterrupted run, re-run without trackers, logs its verdict in that run's TensorBoard log "
+     "folder at the checkpoint's step, its W&B run's summary (continued by id, offline) and its MLflow run's tags and "
+     "artifacts; the report says where")
+    ref, _, url = runs
+    import mlflow
+    from fastrepro.reproduce import reproduce
+    from fastrepro.checkpoint import checkpoint_info
+    checkpoint = ref/'models'/'checkpoint.pth'
+    saved = checkpoint_info(checkpoint)['trackers']
+    res = reproduce(checkpoint, tmp_path, command=f'{sys.executable} {JOB} --csv --fp16', env=QUIET, show=False)
+    assert res.verdict == 'reproduced bit for bit', res.verdict  # the tracker runs are not what is compared
+    wandb_id, run_id = saved['wandb']['id'], saved['mlflow']['run_id']
+    assert res.trackers == [f"logged in the tensorboard run {saved['tensorboard']['log_dir']}",
+                            f"logged in the wandb run {saved['wandb']['project']}/{wandb_id}",
+                            f"logged in the mlflow run {url}#{run_id}"], res.trackers
+    assert f"- trackers: verdict logged in the mlflow run {url}#{run_id}" in (tmp_path/'report.md').read_text()
+    texts = tensorboard(ref).Tensors('fastrepro/reproduce/text_summary')
+    assert [(e.step, e.tensor_proto.string_val[0].decode()) for e in texts] == [(N_EPOCH*N_ITER, res.verdict)]
+    (first, _), (again, file) = wandb_runs(ref)  # the run, and the same run continued to log the verdict
+    assert first == again == wandb_id and wandb_run(file)['summary']['fastrepro/reproduce'] == res.verdict
+    client = mlflow.MlflowClient(url)
+    assert client.get_run(run_id).data.tags['fastrepro.reproduce'] == res.verdict
+    assert [a.path for a in client.list_artifacts(run_id, 'fastrepro/reproduce')] == [
+        'fastrepro/reproduce/report.json', 'fastrepro/reproduce/report.md']
 
 
 BLOCKER = """
@@ -241,6 +268,11 @@ else: raise AssertionError('tensorboard was importable')
 learn = synth_learner(path='.', cbs=[ReproCB(seed=1, allow_dirty=True), CheckpointCB(every_iters=3), CSVLogger()])
 with learn.no_bar(), learn.no_logging(): learn.fit(2, 1e-2)
 assert sorted(checkpoint_info('models/checkpoint.pth')['trackers']) == ['csv']
+from fastrepro.trackers import note_runs
+saved = {'tensorboard': {'log_dir': '.', 'step': 0}, 'wandb': {'id': 'w1'}, 'mlflow': {'run_id': 'm1'}}
+for line in note_runs(saved, 'reproduce', 'reproduced bit for bit'): print(line)
 print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorboard', 'wandb', 'mlflow')))
 """, cwd=tmp_path)
     assert out.strip().splitlines()[-1] == '[]', out
+    for run in ('tensorboard run .', 'wandb run w1', 'mlflow run m1'):  # a verdict is not logged, and says why
+        assert f"not logged in the {run}: the tracker cannot be imported here" in out, out
