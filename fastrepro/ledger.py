@@ -305,7 +305,7 @@ class PostgresDB:
             return LedgerError(f"The ledger server {self.address} failed: {_one_line(e)}{_server_hint(e)}")
 
 # %% ../nbs/11_ledger.ipynb #434ae6ea
-RECORD_TIMEOUT_S = 5  # how long a fit waits for its ledger server (to connect, then per write) before spooling: no stall
+RECORD_TIMEOUT_S = 5  # how long a fit waits for its ledger server (to connect, then per write) before spooling
 SPOOL_NAME = 'ledger-spool.db'  # a run's spool, beside its checkpoints: `learn.path/learn.model_dir/SPOOL_NAME`
 SPOOLS_ENV = 'FASTREPRO_SPOOLS'  # environment variable naming the folder of the `SpoolIndex` (tests: a temporary one)
 
