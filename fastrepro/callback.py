@@ -122,8 +122,9 @@ class FitRecord:
         except Exception: return None  # unreachable: the fit starts a record of its own, under the same key
 
     def _ledger(self) -> Ledger:
-        "The ledger, opened (with `RECORD_TIMEOUT_S` for a server) if it was given as an address"
+        "The ledger, opened if it was given as an address; on a server, each operation bounded by `RECORD_TIMEOUT_S`"
         if not isinstance(self.ledger, Ledger): self.ledger = Ledger(self.ledger, timeout=RECORD_TIMEOUT_S)
+        self.ledger = self.ledger.with_timeout(RECORD_TIMEOUT_S)  # a `Ledger` given unbounded too
         return self.ledger
 
     def _address(self) -> str:

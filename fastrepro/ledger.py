@@ -476,6 +476,11 @@ class Ledger:
                 return cur.rowcount, (cur.fetchall() if cur.description else [])
         return self._retry(_do)
 
+    def with_timeout(self, timeout:float) -> Ledger:
+        "This ledger, with each operation on a server bounded by `timeout` seconds where it had no bound"
+        if not isinstance(self.db, PostgresDB) or self.db.timeout is not None: return self
+        return Ledger(self.db.url, timeout=timeout, send_spooled=self.send_spooled)
+
     def _send_spooled(self):
         "Send the records that the spools noted in the `SpoolIndex` hold for this ledger; a spool that fails stays"
         if not self.send_spooled: return
