@@ -127,28 +127,26 @@ class FitRecord:
         except Exception: return None  # unreachable: the fit starts a record of its own, under the same key
 
     def _ledger(self) -> Ledger:
-        "The ledger, opened (with `RECORD_TIMEOUT_S` for a server) if it was given as an address"
+        "The ledger, opened if it was given as an address; on a server, each operation bounded by `RECORD_TIMEOUT_S`"
         if not isinstance(self.ledger, Ledger): self.ledger = Ledger(self.ledger, timeout=RECORD_TIMEOUT_S)
+        self.ledger = self.ledger.with_timeout(RECORD_TIMEOUT_S)  # a `Ledger` given unbounded too
         return self.ledger
 
     def _address(self) -> str:
         return spool_address(self.ledger.db.address if isinstance(self.ledger, Ledger) else self.ledger)
 
     def _write(self):
-        "Put the record in the ledger and send what the spool holds for it; where the ledger fails, spool the record"
+        "Put the record in the ledger and send what spools hold for it; where the ledger fails, spool the record"
         fields = dict(self.fields, notes='; '.join(filter(None, [self.fields.get('notes'), *self.events])) or None)
-        try:
-            ledger = self._ledger()
-            ledger.put(self.run_id, fields)
-            self.spool.drop(self.run_id)  # an older state of it, spooled when the ledger failed
-            self.spool.sync(ledger)
+        try: self.spool.send(self._ledger(), self.run_id, fields)
         except Exception as e:
             try: self.spool.put(self._address(), self.run_id, fields)
             except Exception as e2:
                 return self._warn(e, f"nor could it be kept in {self.spool.path} ({_one_line(e2)}): this state of the "
                                      "record is lost.")
-            self._warn(e, f"it is kept in {self.spool.path}; the next fit here that reaches the ledger sends it, "
-                          f"or now: fastrepro runs --sync {self.spool.path} --ledger {self._shown()}")
+            self._warn(e, f"it is kept in {self.spool.path}; the next access to the ledger that succeeds, from any "
+                          f"process here, sends it, or now: fastrepro runs --sync {self.spool.path} --ledger "
+                          f"{self._shown()}")
 
     def _shown(self) -> str:
         "The ledger's address as said to the user: without its password"

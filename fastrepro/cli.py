@@ -10,8 +10,8 @@ import sys, json, argparse, warnings
 import numpy as np, pandas as pd
 from fastcore.basics import *
 from pathlib import Path
-from .ledger import (Ledger, LedgerError, Spool, SPOOL_NAME, metrics_frame, LEDGER_ENV, STATUSES,
-                              REPRODUCTION)
+from .ledger import (Ledger, LedgerError, Spool, SpoolIndex, SPOOL_NAME, spool_address, metrics_frame,
+                              LEDGER_ENV, STATUSES, REPRODUCTION)
 
 # %% auto #0
 __all__ = ['COMMANDS', 'EXIT_USAGE', 'EXIT_REGRESSION', 'LEDGER_ARG', 'COMPARE_NEEDS', 'CLIError', 'arg', 'command', 'parser',
@@ -132,22 +132,28 @@ def _reproduced(runs:pd.DataFrame, reproductions:pd.DataFrame) -> pd.Series:
 def sync_spools(spools:list, # spool files (`Spool`), or folders holding one (a run's `models`)
                 address=None, # the ledger (default: `ledger_address()`), created if it does not exist yet
                ) -> Ledger:
-    "Send the records spooled for the ledger at `address` in `spools` to it, each exactly once; returns the ledger"
-    ledger = Ledger(address)
-    for f in map(Path, spools):
-        sp = Spool(f/SPOOL_NAME if f.is_dir() else f)
-        if not sp.path.exists(): raise CLIError(f"No spool at {sp.path}: give a file a fit named in its warning.")
+    ("Send the records spooled for the ledger at `address` to it, each exactly once: those in `spools` and in every "
+     "spool noted for it (`SpoolIndex`); returns the ledger")
+    ledger = Ledger(address, send_spooled=False)  # sent here, spool by spool, to say what was sent
+    given = [Spool(f/SPOOL_NAME if f.is_dir() else f) for f in map(Path, spools)]
+    missing = first(sp.path for sp in given if not sp.path.exists())
+    if missing: raise CLIError(f"No spool at {missing}: give a file a fit named in its warning.")
+    seen = {sp.path.absolute() for sp in given}
+    noted = [sp for sp in SpoolIndex().spools(spool_address(ledger.db.address)) if sp.path not in seen]
+    for sp in given + noted:
         n, left = sp.sync(ledger), {a for _,a,_,_ in sp.records()}
         print(f"Sent {n} record(s) from {sp.path} to {ledger.db.address}." + (
               f" Left there, for other ledgers: {sorted(left)}." if left else ''))
+    if not given + noted: print(f"No spool holds records for {ledger.db.address}.")
     return ledger
 
 @command('runs', LEDGER_ARG, arg('--experiment', help='only this experiment'),
          arg('--variant', help='only this variant'),
          arg('--status', choices=STATUSES, help='only runs with this status'),
          arg('--json', action='store_true', help='print all fields as JSON'),
-         arg('--sync', metavar='SPOOL', nargs='+', help='first send the records spooled in these files (a fit '
-             'writes them beside its checkpoints while the ledger is unreachable)'))
+         arg('--sync', metavar='SPOOL', nargs='*', help='first send the records spooled for the ledger (a fit writes '
+             'them beside its checkpoints while the ledger is unreachable): in every spool noted for it, and in '
+             'these files'))
 def runs_command(args):
     "List the runs recorded in a ledger, oldest first"
     ledger = open_ledger(args.ledger) if args.sync is None else sync_spools(args.sync, args.ledger)

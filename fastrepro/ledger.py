@@ -6,7 +6,8 @@ Docs: https://fastrepro.github.io/fastrepro/ledger.html.md"""
 
 # %% ../nbs/11_ledger.ipynb #487eb8fd
 from __future__ import annotations
-import os, re, json, time, random, socket, sqlite3, shutil, tempfile, warnings, subprocess, contextlib
+import os, re, json, time, random, socket, sqlite3, shutil, hashlib, tempfile, warnings, threading, subprocess
+import contextlib
 import numpy as np, pandas as pd
 from datetime import datetime, timezone, timedelta
 from pathlib import Path
@@ -16,10 +17,10 @@ from .stats import compare, CompareResult, ComparisonWarning
 # %% auto #0
 __all__ = ['LEDGER_ENV', 'DEFAULT_LEDGER', 'SERVER_SCHEMES', 'SCHEMA_VERSION', 'SCHEMA', 'MIGRATIONS', 'FIELDS', 'JSON_FIELDS',
            'VALUE_FIELDS', 'TIME_FIELDS', 'REPRODUCTION', 'STATUSES', 'BUSY_TIMEOUT_S', 'CONNECT_TIMEOUT_S',
-           'MAX_RETRIES', 'RETRY_WAIT_S', 'SCHEMA_LOCK', 'RECORD_TIMEOUT_S', 'SPOOL_NAME', 'PG_BIN_GLOB',
+           'MAX_RETRIES', 'RETRY_WAIT_S', 'SCHEMA_LOCK', 'RECORD_TIMEOUT_S', 'SPOOL_NAME', 'SPOOLS_ENV', 'PG_BIN_GLOB',
            'PG_START_TIMEOUT_S', 'PG_PORT_TRIES', 'ledger_address', 'LedgerError', 'metrics_frame', 'metric_column',
-           'SQLiteDB', 'PostgresDB', 'Ledger', 'spool_address', 'LedgerWarning', 'Spool', 'postgres_bin',
-           'local_postgres']
+           'SQLiteDB', 'PostgresDB', 'spool_address', 'LedgerWarning', 'Spool', 'spools_folder', 'SpoolIndex', 'Ledger',
+           'postgres_bin', 'local_postgres']
 
 # %% ../nbs/11_ledger.ipynb #3d281ab1
 LEDGER_ENV = 'FASTREPRO_LEDGER'  # environment variable naming the default ledger (a file path or a server URL)
@@ -236,6 +237,7 @@ class SQLiteDB:
         return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     def retryable(self, e:Exception) -> bool:
         return isinstance(e, sqlite3.OperationalError) and ('locked' in str(e) or 'busy' in str(e))
+    def bounded(self, con): return contextlib.nullcontext()  # a file does not hang the way a server does
     def failure(self, e:Exception) -> LedgerError|None:
         "The one-line error to raise instead of `e`, if any"
         if isinstance(e, sqlite3.DatabaseError) and 'not a database' in str(e):
@@ -245,18 +247,36 @@ class SQLiteDB:
             return LedgerError(f"The ledger {self.path} cannot be written: {_one_line(e)} ({_free_space(self.path)} "
                                "free there). Free space, or point the ledger at a writable disk.")
 
+class _Deadline:
+    "Shut the socket `fd` down after `seconds` unless `end`ed first: a read blocked on it then fails at once"
+    def __init__(self, fd:int, seconds:float):
+        self.fd, self.lock, self.passed, self.ended = fd, threading.Lock(), False, False
+        self.timer = threading.Timer(seconds, self._cut)
+        self.timer.daemon = True
+        self.timer.start()
+    def _cut(self):
+        with self.lock:  # never after `end`: the connection's file descriptor may belong to another file by then
+            if self.ended: return
+            self.passed = True
+            with contextlib.suppress(OSError), socket.fromfd(self.fd, socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.shutdown(socket.SHUT_RDWR)
+    def end(self):
+        with self.lock: self.ended = True
+        self.timer.cancel()
+
 class PostgresDB:
     "A ledger on a PostgreSQL server (`pip install 'fastrepro[team]'`): for runs from several machines"
     key = 'BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY'
-    def __init__(self, url:str, timeout:float|None=None):  # None: `CONNECT_TIMEOUT_S`
+    def __init__(self, url:str, timeout:float|None=None):  # None: `CONNECT_TIMEOUT_S` to connect, operations unbounded
         self.url, self.address, self.timeout = url, _hide_password(url), timeout
     def exists(self) -> bool: return True  # a database that does not exist is the server's error
     def connect(self):
         try: import psycopg
         except ImportError: raise LedgerError(f"The ledger {self.address} is on a PostgreSQL server, which needs the "
                                               "psycopg driver: pip install 'fastrepro[team]'.") from None
-        params = dict(connect_timeout=round(self.timeout or CONNECT_TIMEOUT_S),
-                      options=f'-c lock_timeout={round(BUSY_TIMEOUT_S*1000)}')
+        options = f'-c lock_timeout={round(BUSY_TIMEOUT_S*1000)}'
+        if self.timeout: options += f' -c statement_timeout={round(self.timeout*1000)}'  # a slow server gives up
+        params = dict(connect_timeout=round(self.timeout or CONNECT_TIMEOUT_S), options=options)
         return psycopg.connect(**{**params, **psycopg.conninfo.conninfo_to_dict(self.url)}, autocommit=True)
     def sql(self, s:str) -> str: return s.replace('?', '%s')
     def begin(self, con, lock:bool=False):
@@ -265,6 +285,18 @@ class PostgresDB:
     def tables(self, con) -> set:
         return {r[0] for r in con.execute('SELECT table_name FROM information_schema.tables '
                                           'WHERE table_schema = current_schema()')}
+    @contextlib.contextmanager
+    def bounded(self, con):
+        "Cut the connection `con` when what is done on it takes longer than `timeout`: a hung server hangs no one"
+        if self.timeout is None: yield; return
+        deadline = _Deadline(con.pgconn.socket, self.timeout)
+        try: yield
+        except Exception as e:
+            if not deadline.passed: raise
+            raise LedgerError(f"The ledger server {self.address} accepted the connection but did not answer within "
+                              f"{self.timeout} s ({_one_line(e)}). Check that the server runs and is not overloaded."
+                             ) from None
+        finally: deadline.end()
     def retryable(self, e:Exception) -> bool: return type(e).__name__ in ('SerializationFailure', 'DeadlockDetected')
     def failure(self, e:Exception) -> LedgerError|None:
         "The one-line error to raise instead of `e`, if any: whatever the server or the connection to it says"
@@ -272,16 +304,133 @@ class PostgresDB:
         if isinstance(e, psycopg.Error) and not self.retryable(e):
             return LedgerError(f"The ledger server {self.address} failed: {_one_line(e)}{_server_hint(e)}")
 
+# %% ../nbs/11_ledger.ipynb #434ae6ea
+RECORD_TIMEOUT_S = 5  # how long a fit waits for its ledger server (to connect, then per write) before spooling
+SPOOL_NAME = 'ledger-spool.db'  # a run's spool, beside its checkpoints: `learn.path/learn.model_dir/SPOOL_NAME`
+SPOOLS_ENV = 'FASTREPRO_SPOOLS'  # environment variable naming the folder of the `SpoolIndex` (tests: a temporary one)
+
+def spool_address(address) -> str:
+    "How a spool names the ledger `address` its records are for: a resolved path, or a URL without its password"
+    a = ledger_address(address)
+    return _hide_password(a) if isinstance(a, str) else str(a.resolve())
+
+class LedgerWarning(UserWarning):
+    "The ledger could not take a record, which was spooled (or lost): training went on"
+
+class Spool:
+    "Ledger records kept beside a run while their ledger cannot take them: an SQLite file, one row per record"
+    def __init__(self, path:Path|str): self.path = Path(path)
+    def __repr__(self): return f"Spool('{self.path}', {len(self)} records)"
+    def __len__(self): return len(self.records())
+
+    @contextlib.contextmanager
+    def _connect(self):
+        con = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)  # each statement commits
+        try:
+            con.execute('CREATE TABLE IF NOT EXISTS spool (run_key TEXT PRIMARY KEY, ledger TEXT NOT NULL, '
+                        'record TEXT NOT NULL, stamp INTEGER NOT NULL)')
+            yield con
+        finally: con.close()
+
+    def put(self, ledger:str, # the ledger the record is for (`spool_address`)
+            run_key:str, record:dict):
+        "Keep `record`, the newest state of run `run_key` (its older state, if any, is replaced atomically)"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._connect() as con:
+            con.execute('INSERT OR REPLACE INTO spool VALUES (?, ?, ?, ?)', (run_key, ledger, json.dumps(
+                record, sort_keys=True, default=_json_default), time.time_ns()))
+        # not noted (a cache that cannot be written): the next fit here or `fastrepro runs --sync SPOOL` sends it
+        with contextlib.suppress(OSError): SpoolIndex().add(ledger, self.path)
+
+    def records(self, ledger:str|None=None) -> list:
+        "`(run_key, ledger, record, stamp)` of each spooled record (for `ledger` only, if given), oldest first"
+        if not self.path.exists(): return []
+        with self._connect() as con:
+            rows = con.execute('SELECT run_key, ledger, record, stamp FROM spool ORDER BY stamp').fetchall()
+        return [(k, a, json.loads(r), s) for k,a,r,s in rows if ledger is None or a == ledger]
+
+    def record(self, run_key:str) -> dict|None:
+        "The spooled state of run `run_key`, or None"
+        return first((r for k,_,r,_ in self.records() if k == run_key), None)
+
+    def drop(self, run_key:str, stamp:int|None=None):
+        "Forget run `run_key` (only its state `stamp`, if given: a newer one stays)"
+        if not self.path.exists(): return
+        with self._connect() as con:
+            con.execute('DELETE FROM spool WHERE run_key = ?' + ('' if stamp is None else ' AND stamp = ?'),
+                        (run_key,) if stamp is None else (run_key, stamp))
+
+    def sync(self, ledger:Ledger) -> int:
+        "Send the records spooled for `ledger` to it, each exactly once; returns how many were sent"
+        todo = self.records(spool_address(ledger.db.address))
+        for key, _, rec, stamp in todo:
+            ledger._put(key, rec)  # committed: a sync killed after this line sends the record again, to the same run
+            self.drop(key, stamp)
+        return len(todo)
+
+    def send(self, ledger:Ledger, run_key:str, record:dict) -> int:
+        "Put `record` in `ledger` in place of any state of it spooled here, then what is spooled for `ledger`"
+        rid = ledger._put(run_key, record)
+        self.drop(run_key)  # its older states: only the run's own writer spools them
+        self.sync(ledger)  # this spool's other records, noted in the index or not
+        ledger._send_spooled()  # the other spools' records for the ledger
+        return rid
+
+def spools_folder() -> Path:
+    "The folder of the `SpoolIndex`: `FASTREPRO_SPOOLS`, else the user's cache (`XDG_CACHE_HOME`, ~/.cache)"
+    if os.environ.get(SPOOLS_ENV): return Path(os.environ[SPOOLS_ENV]).expanduser()
+    return Path(os.environ.get('XDG_CACHE_HOME') or '~/.cache').expanduser()/'fastrepro'/'spools'
+
+def _digest(s:str) -> str: return hashlib.sha256(s.encode()).hexdigest()[:16]
+
+class SpoolIndex:
+    "The user's spools that hold records, by ledger: a folder, one small file per ledger and spool, written atomically"
+    def __init__(self, path:Path|str|None=None): self.path = Path(path) if path else spools_folder()
+    def __repr__(self): return f"SpoolIndex('{self.path}')"
+
+    def _note(self, ledger:str, spool:Path) -> Path:
+        return self.path/f"{_digest(ledger)}-{_digest(f'{socket.gethostname()}:{spool}')}.json"
+
+    def add(self, ledger:str, # the ledger `spool` holds records for (`spool_address`)
+            spool:Path|str):
+        "Note that `spool` holds records for `ledger` (a spool noted already is not written again)"
+        spool = Path(spool).absolute()
+        note = self._note(ledger, spool)
+        if note.exists(): return
+        note.parent.mkdir(parents=True, exist_ok=True)
+        tmp = note.with_name(f'.{note.name}.{os.getpid()}')
+        tmp.write_text(json.dumps(dict(ledger=ledger, spool=str(spool), host=socket.gethostname())))
+        os.replace(tmp, note)  # atomic: a reader finds the whole note or none
+
+    def spools(self, ledger:str) -> list:
+        "The spools noted for `ledger` that hold records for it; the notes of spools gone or emptied are dropped"
+        found = []
+        for note in sorted(self.path.glob(f'{_digest(ledger)}-*.json')):
+            with contextlib.suppress(FileNotFoundError):  # dropped meanwhile by another process
+                n = json.loads(note.read_text())
+                sp = Spool(n['spool'])
+                if not sp.path.exists() and n['host'] != socket.gethostname(): continue  # another machine's disk
+                try: held = bool(sp.records(ledger))
+                except sqlite3.Error: held = True  # an unreadable spool: its sync says why
+                if held: found.append(sp); continue
+                note.unlink()
+                if sp.records(ledger): self.add(ledger, sp.path)  # spooled between the look and the unlink
+        return found
+
 # %% ../nbs/11_ledger.ipynb #1d2cb463
 class Ledger:
     "The run ledger: an SQLite file or a PostgreSQL database (default: `ledger_address()`), created on first use"
     def __init__(self, address=None, # a file path, or a postgresql://user:password@host:port/db URL
                  create:bool=True, # create the ledger where there is none (False: a `LedgerError`)
-                 timeout:float|None=None, # seconds to wait for a ledger server (None: `CONNECT_TIMEOUT_S`)
+                 timeout:float|None=None, # seconds to wait for a ledger server to connect, then for each operation
+                                          # (None: `CONNECT_TIMEOUT_S` to connect, operations unbounded)
+                 send_spooled:bool=True, # after each successful open or write, send what spools hold for this ledger
                 ):
         a = ledger_address(address)
         self.db = PostgresDB(a, timeout) if isinstance(a, str) else SQLiteDB(a)
+        self.send_spooled = send_spooled
         self._open(create)
+        self._send_spooled()
 
     def __repr__(self): return f"Ledger('{self.db.address}', {len(self)} runs)"
     def __len__(self):
@@ -292,7 +441,8 @@ class Ledger:
         "A fresh connection, closed on exit; the database's errors that a user must act on become `LedgerError`s"
         try:
             con = self.db.connect()
-            try: yield con
+            try:
+                with self.db.bounded(con): yield con
             finally: con.close()
         except Exception as e:
             err = self.db.failure(e)
@@ -325,6 +475,21 @@ class Ledger:
                 cur = self._execute(con, sql, params)
                 return cur.rowcount, (cur.fetchall() if cur.description else [])
         return self._retry(_do)
+
+    def with_timeout(self, timeout:float) -> Ledger:
+        "This ledger, with each operation on a server bounded by `timeout` seconds where it had no bound"
+        if not isinstance(self.db, PostgresDB) or self.db.timeout is not None: return self
+        return Ledger(self.db.url, timeout=timeout, send_spooled=self.send_spooled)
+
+    def _send_spooled(self):
+        "Send the records that the spools noted in the `SpoolIndex` hold for this ledger; a spool that fails stays"
+        if not self.send_spooled: return
+        for sp in SpoolIndex().spools(spool_address(self.db.address)):
+            try: sp.sync(self)
+            except Exception as e:
+                warnings.warn(f"The records spooled in {sp.path} for the ledger {self.db.address} could not be sent "
+                              f"({_one_line(e)}); they stay there. Send them with: fastrepro runs --sync {sp.path} "
+                              f"--ledger {self.db.address}", LedgerWarning)
 
     def _version(self, con) -> int|None:
         "The schema version of the ledger, None where there is no ledger"
@@ -371,7 +536,9 @@ class Ledger:
         rec = {'status': 'completed', 'started': datetime.now(timezone.utc), **record}
         cols = list(rec)
         sql = f"INSERT INTO runs ({', '.join(map(_quote, cols))}) VALUES ({', '.join('?'*len(cols))}) RETURNING id"
-        return self._write(sql, [_encode(c, rec[c]) for c in cols])[1][0][0]
+        rid = self._write(sql, [_encode(c, rec[c]) for c in cols])[1][0][0]
+        self._send_spooled()
+        return rid
 
     def update(self, run_id:int, # the id `add` returned
                **fields): # the fields to set, e.g. status='completed', finished=..., metrics=...
@@ -382,11 +549,18 @@ class Ledger:
         params = [_encode(k, v) for k,v in fields.items()] + [int(run_id)]
         changed, _ = self._write(f'UPDATE runs SET {sets} WHERE id = ?', params)
         if changed == 0: raise LedgerError(f"There is no run {run_id} in ledger {self.db.address}.")
+        self._send_spooled()
 
     def put(self, run_key:str, # the key the run's writer gave it (a `FitRecord`'s uuid)
             record:dict, # all of the run's fields, as for `add`
            ) -> int:
         "Add the run keyed `run_key`, or set its fields where the ledger holds it: written twice, it is one run"
+        rid = self._put(run_key, record)
+        self._send_spooled()
+        return rid
+
+    def _put(self, run_key:str, record:dict) -> int:
+        "`put` without sending the spools: what a spool's own sync calls"
         rec = {'status': 'completed', **record, 'run_key': run_key}
         _check_fields(rec)
         cols = list(rec)
@@ -475,67 +649,6 @@ def _inventory(exps:pd.DataFrame) -> str:
     per = [f"{e!r}: " + ', '.join(f"{v} ({n} runs)" for v,n in zip(g.variant, g.runs))
            for e,g in exps.groupby('experiment')]
     return "It holds: " + '; '.join(per) + '.'
-
-# %% ../nbs/11_ledger.ipynb #434ae6ea
-RECORD_TIMEOUT_S = 5  # how long a fit waits for its ledger server before spooling the record: a fit must not stall
-SPOOL_NAME = 'ledger-spool.db'  # a run's spool, beside its checkpoints: `learn.path/learn.model_dir/SPOOL_NAME`
-
-def spool_address(address) -> str:
-    "How a spool names the ledger `address` its records are for: a resolved path, or a URL without its password"
-    a = ledger_address(address)
-    return _hide_password(a) if isinstance(a, str) else str(a.resolve())
-
-class LedgerWarning(UserWarning):
-    "The ledger could not take a record, which was spooled (or lost): training went on"
-
-class Spool:
-    "Ledger records kept beside a run while their ledger cannot take them: an SQLite file, one row per record"
-    def __init__(self, path:Path|str): self.path = Path(path)
-    def __repr__(self): return f"Spool('{self.path}', {len(self)} records)"
-    def __len__(self): return len(self.records())
-
-    @contextlib.contextmanager
-    def _connect(self):
-        con = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)  # each statement commits
-        try:
-            con.execute('CREATE TABLE IF NOT EXISTS spool (run_key TEXT PRIMARY KEY, ledger TEXT NOT NULL, '
-                        'record TEXT NOT NULL, stamp INTEGER NOT NULL)')
-            yield con
-        finally: con.close()
-
-    def put(self, ledger:str, # the ledger the record is for (`spool_address`)
-            run_key:str, record:dict):
-        "Keep `record`, the newest state of run `run_key` (its older state, if any, is replaced atomically)"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._connect() as con:
-            con.execute('INSERT OR REPLACE INTO spool VALUES (?, ?, ?, ?)', (run_key, ledger, json.dumps(
-                record, sort_keys=True, default=_json_default), time.time_ns()))
-
-    def records(self, ledger:str|None=None) -> list:
-        "`(run_key, ledger, record, stamp)` of each spooled record (for `ledger` only, if given), oldest first"
-        if not self.path.exists(): return []
-        with self._connect() as con:
-            rows = con.execute('SELECT run_key, ledger, record, stamp FROM spool ORDER BY stamp').fetchall()
-        return [(k, a, json.loads(r), s) for k,a,r,s in rows if ledger is None or a == ledger]
-
-    def record(self, run_key:str) -> dict|None:
-        "The spooled state of run `run_key`, or None"
-        return first((r for k,_,r,_ in self.records() if k == run_key), None)
-
-    def drop(self, run_key:str, stamp:int|None=None):
-        "Forget run `run_key` (only its state `stamp`, if given: a newer one stays)"
-        if not self.path.exists(): return
-        with self._connect() as con:
-            con.execute('DELETE FROM spool WHERE run_key = ?' + ('' if stamp is None else ' AND stamp = ?'),
-                        (run_key,) if stamp is None else (run_key, stamp))
-
-    def sync(self, ledger:Ledger) -> int:
-        "Send the records spooled for `ledger` to it, each exactly once; returns how many were sent"
-        todo = self.records(spool_address(ledger.db.address))
-        for key, _, rec, stamp in todo:
-            ledger.put(key, rec)  # committed: a sync killed after this line sends the record again, to the same run
-            self.drop(key, stamp)
-        return len(todo)
 
 # %% ../nbs/11_ledger.ipynb #6a2f9c07
 PG_BIN_GLOB = 'usr/lib/postgresql/*/bin'  # where Debian and Ubuntu put PostgreSQL's server binaries, one per version

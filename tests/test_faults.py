@@ -1,5 +1,6 @@
 """A fault never costs a training run (issue 24), on real servers and real file systems: a PostgreSQL ledger server
-stopped during a fit (the record spooled beside the run, synced once, also when the sync is killed halfway), a full
+stopped during a fit (the record spooled beside the run, synced once, also when the sync is killed halfway), a server
+that hangs (SIGSTOP) in the middle of a write, spooled records that reach their ledger from any process, a full
 or read-only disk under a SQLite ledger, periodic checkpoints on a full tmpfs, a save at SIGTERM on a full disk, and
 the one-line errors of wrong server addresses. A tmpfs needs root (`mount -t tmpfs`); its tests skip without it."""
 import os, sys, signal, shutil, sqlite3, subprocess, tempfile, warnings, contextlib, urllib.parse
@@ -8,12 +9,18 @@ import pytest, torch
 from fastai.basics import Callback, CancelFitException
 from fastai.test_utils import synth_learner
 from fastrepro.all import ReproCB, CheckpointCB, Ledger, LedgerError, checkpoint_info, seed_everything
-from fastrepro.ledger import postgres_bin, local_postgres, Spool, SPOOL_NAME, LedgerWarning
+from fastrepro.ledger import postgres_bin, local_postgres, Spool, SpoolIndex, SPOOL_NAME, SPOOLS_ENV, LedgerWarning
 from fastrepro.checkpoint import CheckpointWriteError
 from fastrepro.preempt import SAVE_FAILED_EXIT
 
 ROOT = Path(__file__).parent.parent
 N_ITER = 10  # training iterations per epoch of `learner` (synth_learner: 10 batches)
+
+@pytest.fixture(autouse=True)
+def spool_index(tmp_path, monkeypatch):
+    "The spools of each test are noted in a `SpoolIndex` of its own, not in the user's cache"
+    monkeypatch.setenv(SPOOLS_ENV, str(tmp_path/'spools'))
+    return SpoolIndex()
 
 def learner(path, *cbs, ledger=None, seed=1):
     seed_everything(0)
@@ -86,7 +93,7 @@ def test_server_stopped_during_fit(pg, tmp_path):
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == -signal.SIGKILL, r.stderr
     # the first fit's record (added when the fit started) completed, the spool untouched: it will be sent again
-    assert Ledger(pg).runs().status.tolist() == ['completed'] and len(Spool(spool)) == 2
+    assert Ledger(pg, send_spooled=False).runs().status.tolist() == ['completed'] and len(Spool(spool)) == 2
     from fastrepro.cli import main
     assert main(['runs', '--sync', str(spool), '--ledger', pg]) == 0
     runs = Ledger(pg).runs()
@@ -115,6 +122,86 @@ def socket_closed_port():
     import socket
     with socket.socket() as s: s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]
     yield port
+
+# --- a ledger server that hangs in the middle of a write ---
+
+def postmaster(url:str) -> int:
+    "The process id of `local_postgres`'s server"
+    import psycopg
+    with psycopg.connect(url) as con: data = Path(con.execute('SHOW data_directory').fetchone()[0])
+    return int((data/'postmaster.pid').read_text().split()[0])
+
+def server_pids(pm:int) -> list:
+    "The postmaster `pm` and its children (each backend is a process group of its own)"
+    kids = subprocess.run(['ps', '-o', 'pid=', '--ppid', str(pm)], capture_output=True, text=True).stdout.split()
+    return [pm, *map(int, kids)]
+
+# the server stops itself (SIGSTOP, from a program its superuser may run) while it writes a completed record: the
+# fit's connection is accepted and its statement sent, and then nothing answers
+STOP_IN_WRITE = """CREATE FUNCTION stop_server() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+  IF NEW.status = 'completed' THEN EXECUTE format('COPY (SELECT 1) TO PROGRAM %L', 'kill -STOP {pm} '
+    || '$(ps -o pid= --ppid {pm})'); END IF;
+  RETURN NEW; END $$;
+CREATE TRIGGER stop_server BEFORE INSERT OR UPDATE ON runs FOR EACH ROW EXECUTE FUNCTION stop_server()"""
+
+def test_server_hangs_during_fit(pg, tmp_path, monkeypatch):
+    import time, psycopg, fastrepro.callback
+    bound = 2  # seconds: RECORD_TIMEOUT_S made short (psycopg's shortest connect_timeout) to keep the test short
+    monkeypatch.setattr(fastrepro.callback, 'RECORD_TIMEOUT_S', bound)
+    len(Ledger(pg))
+    pm = postmaster(pg)
+    with psycopg.connect(pg, autocommit=True) as con: con.execute(STOP_IN_WRITE.format(pm=pm))
+    learn = learner(tmp_path, ledger=pg)
+    try:
+        with warnings.catch_warnings(record=True) as ws:
+            warnings.simplefilter('always')
+            t = time.monotonic()
+            fit(learn, 1)  # its last write (the completed record) hangs in the server
+            took = time.monotonic() - t
+        msgs = ledger_warnings(ws)
+        assert len(msgs) == 1 and f'accepted the connection but did not answer within {bound} s' in msgs[0], msgs
+        assert took < bound + 10, took  # the fit ended: the hang cost it the bound, not its run
+        assert learn.recorder.values and len(Spool(tmp_path/'models'/SPOOL_NAME)) == 1
+        t = time.monotonic()  # a new connection to the stopped server: given up within the bound too
+        with pytest.raises(LedgerError, match='timeout'): Ledger(pg, timeout=bound)
+        assert time.monotonic() - t < bound + 2
+    finally:
+        for pid in server_pids(pm): os.kill(pid, signal.SIGCONT)
+    with psycopg.connect(pg, autocommit=True) as con:
+        con.execute('DROP TRIGGER stop_server ON runs; DROP FUNCTION stop_server()')
+    key = learn.repro_cb.record.run_id
+    runs = Ledger(pg).runs(run_key=key)  # the next access sends the spool: the hung write was never committed
+    assert len(runs) == 1 and runs.status.iloc[0] == 'completed' and len(Spool(tmp_path/'models'/SPOOL_NAME)) == 0
+    assert runs.metrics.iloc[0]['final']['valid_loss'] == float(learn.recorder.values[-1][1])
+
+# --- spooled records reach their ledger from any process ---
+
+OPEN_LEDGER = "import sys; from fastrepro.ledger import Ledger; Ledger(sys.argv[1])"
+
+def test_spool_reaches_ledger_from_any_process(tmp_path, spool_index):
+    from fastrepro.ledger import spool_address
+    from fastrepro.cli import main
+    folder, away = tmp_path/'ledgers', tmp_path/'away'
+    db = folder/'runs.db'
+    spooled = lambda name: Spool(tmp_path/name/'models'/SPOOL_NAME)
+    def spooled_fit(name):  # a fit while a file stands where the ledger's folder should be
+        folder.mkdir(exist_ok=True); folder.rename(away); folder.write_text('down')
+        with pytest.warns(LedgerWarning, match='from any process here, sends it'):
+            fit(learner(tmp_path/name, ledger=db), 1)
+        folder.unlink(); away.rename(folder)
+        assert len(spooled(name)) == 1 and spool_index.spools(spool_address(db))
+    spooled_fit('a')  # then another script opens the ledger
+    r = subprocess.run([sys.executable, '-c', OPEN_LEDGER, str(db)], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert len(Ledger(db)) == 1 and len(spooled('a')) == 0 and not spool_index.spools(spool_address(db))
+    spooled_fit('b')  # then `fastrepro runs`
+    assert main(['runs', '--ledger', str(db)]) == 0 and len(spooled('b')) == 0
+    spooled('c').put(spool_address(db), 'c', dict(experiment='exp', status='completed'))  # then a fit elsewhere
+    fit(learner(tmp_path/'d', ledger=db), 1)
+    runs = Ledger(db).runs()
+    assert len(runs) == 4 and runs.run_key.is_unique and set(runs.status) == {'completed'} and len(spooled('c')) == 0
+    assert not list(spool_index.path.glob('*.json'))  # every note dropped
 
 # --- full and read-only disks (tmpfs) ---
 
