@@ -23,10 +23,10 @@ from .preempt import POSITION_KEYS, checkpoint_digests, manifest_path, read_mani
 # %% auto #0
 __all__ = ['STOP_ENV', 'STOP_NAME', 'EXIT_REPRODUCED', 'EXIT_PARTS', 'EXIT_FAILED', 'GIT_TIMEOUT_S', 'KILL_GRACE_S',
            'LOG_TAIL_LINES', 'NO_BIT_FIELDS', 'REPLAY_NOTEBOOK', 'REPLAY', 'DIGEST_QUANTITIES', 'MAX_CANDIDATES',
-           'ReproduceError', 'StopAtCB', 'code_worktree', 'rerun_env', 'env_differences', 'prediction', 'rerun_command',
-           'run_to_position', 'first_difference', 'compare_states', 'compare_digests', 'verdict', 'Reproduction',
-           'ledger_checkpoint', 'record_reproduction', 'reproduce', 'kept_checkpoints', 'segment_plan',
-           'reproduce_segments', 'segments_verdict']
+           'ReproduceError', 'StopAtCB', 'rebuild_problem', 'code_worktree', 'rerun_env', 'env_differences',
+           'prediction', 'rerun_command', 'run_to_position', 'first_difference', 'compare_states', 'compare_digests',
+           'verdict', 'Reproduction', 'ledger_checkpoint', 'record_reproduction', 'reproduce', 'kept_checkpoints',
+           'segment_plan', 'reproduce_segments', 'segments_verdict']
 
 # %% ../nbs/18_reproduce.ipynb #a1700006
 STOP_ENV = 'FASTREPRO_STOP_AT'  # set by `reproduce` in the re-run's environment: where to stop, and where to save
@@ -130,6 +130,18 @@ def _repository(where, remote:str|None) -> Path:
         raise ReproduceError(f"No git repository at {where}, where the run was recorded: pass repo= (--repo) with "
                              f"{clone}.")
     return Path(p.stdout.decode().strip())
+
+def rebuild_problem(git:dict|None, # a checkpoint's git record (`checkpoint_info(f)['git']`)
+                    repo=None, # the repository with the commit (default: where the run was recorded)
+                   ) -> str|None:
+    "Why `reproduce` cannot rebuild the recorded code here (no commit, repository or commit here); None when it can"
+    git = git or {}
+    if not git.get('commit'):
+        return ("the run was recorded outside any git repository (or before its first commit): no commit records its "
+                "code. Run it from a committed git checkout.")
+    remote = git.get('remote_url')
+    try: _check_commit(_repository(repo or git.get('root'), remote), git['commit'], remote)
+    except ReproduceError as e: return str(e)
 
 def _check_commit(root:Path, commit:str, remote:str|None):
     if _git(root, 'cat-file', '-e', f'{commit}^{{commit}}', check=False).returncode:
