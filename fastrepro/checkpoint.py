@@ -166,12 +166,18 @@ def data_signature(dls) -> dict:
     return sig
 
 # %% ../nbs/02_checkpoint.ipynb #fa3fe672
+def _frame_hash(df:pd.DataFrame) -> int:
+    "pandas' hash of `df`'s rows; cells pandas cannot hash (a text classifier's tokens, fastai's `L`) by their repr"
+    try: return int(pd.util.hash_pandas_object(df, index=True).sum())
+    except TypeError: return int(pd.util.hash_pandas_object(df.map(lambda v: repr(list(v)) if is_listy(v) else v),
+                                                             index=True).sum())
+
 def data_fingerprint(dls) -> str:
     "A digest of what identifies `dls`' data: sizes, vocabulary and the items of each dataset"
     parts = [data_signature(dls)]
     for dl in getattr(dls, 'loaders', [dls]):
         items = getattr(getattr(dl, 'dataset', None), 'items', None)
-        if isinstance(items, pd.DataFrame): h = int(pd.util.hash_pandas_object(items, index=True).sum())
+        if isinstance(items, pd.DataFrame): h = _frame_hash(items)
         elif items is not None: h = digest([items[i] for i in range(len(items))], None)
         else: h = None
         parts.append((len(getattr(dl, 'dataset', [])), h))

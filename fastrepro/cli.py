@@ -228,7 +228,7 @@ def _assignments(pairs:list|None) -> dict:
          arg('--ledger', metavar='PATH|URL', help="the run's ledger: the verdict is recorded there, linked to the run"),
          arg('--run', type=int, metavar='ID', help='a run of the ledger to reproduce, from its newest checkpoint'),
          arg('--segments', action='store_true',
-             help="verify in segments, between the checkpoints CheckpointCB(keep=N) kept beside CHECKPOINT"),
+             help="verify in segments: from each checkpoint CheckpointCB kept beside CHECKPOINT to the next recorded"),
          arg('--workers', type=int, default=0, metavar='N', help='processes that re-run the segments side by side'),
          arg('--json', action='store_true', help='print the report as JSON'))
 def reproduce_command(args):

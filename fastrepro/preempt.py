@@ -6,15 +6,19 @@ Docs: https://fastrepro.github.io/fastrepro/preempt.html.md"""
 
 # %% ../nbs/04_preempt.ipynb #d0ff5ff1
 from __future__ import annotations
-import os, sys, time, shutil, signal, itertools, threading, warnings
+import os, sys, json, time, shutil, signal, itertools, threading, warnings
 from fastai.basics import *
 from .core import *
 from .distrib import any_rank
 from .checkpoint import checkpoint_info, checkpoint_summary, ResumeError, TMP_PREFIX, CheckpointWriteError
+from .checkpoint import read_checkpoint, split_state
+from .trace import state_digest
 from .callback import ReproCB
 
 # %% auto #0
-__all__ = ['PREEMPT_SIGNALS', 'SIGNAL_EXIT_BASE', 'SAVE_FAILED_EXIT', 'CheckpointCB']
+__all__ = ['PREEMPT_SIGNALS', 'SIGNAL_EXIT_BASE', 'SAVE_FAILED_EXIT', 'MANIFEST_SUFFIX', 'POSITION_KEYS', 'DIGEST_KEYS',
+           'states_digest', 'checkpoint_digests', 'manifest_path', 'read_manifest', 'manifest_key', 'add_to_manifest',
+           'CheckpointCB']
 
 # %% ../nbs/04_preempt.ipynb #160dd579
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # what Kubernetes, spot terminations and SLURM's `--signal` send
@@ -36,6 +40,65 @@ def _link(src:Path, dst:Path):
 def _tell(msg:str, **kwargs):
     "Print `msg` from one process: rank 0 (every rank takes the same decisions)"
     if rank_distrib() == 0: print(msg, **kwargs)
+
+# %% ../nbs/04_preempt.ipynb #01ea962e
+MANIFEST_SUFFIX = '.digests.jsonl'  # `{fname}.digests.jsonl` beside `{fname}.pth`: one JSON line per checkpoint written
+POSITION_KEYS = ('fit', 'epoch', 'batch', 'iteration')  # where a checkpoint was written (`StopAtCB` stops there)
+DIGEST_KEYS = ('weights', 'optimizer', 'generators')  # what the manifest records of each checkpoint
+
+def states_digest(o) -> str|None:
+    ("sha256 of a nested state (dicts, lists and tuples of tensors and plain values): its tensors' names, dtypes, "
+     "shapes and bytes (`state_digest`), and its other values; None for None")
+    if o is None: return None
+    tensors, plain = {}, {}
+    def _walk(o, where):
+        items = o.items() if isinstance(o, dict) else enumerate(o) if isinstance(o, (list, tuple)) else None
+        if items is not None:
+            for k, v in items: _walk(v, f'{where}[{k!r}]')
+        elif isinstance(o, Tensor): tensors[where] = o
+        else: plain[where] = o
+    _walk(o, '')
+    return digest([state_digest(tensors), sorted(plain.items())], None)
+
+def checkpoint_digests(path) -> dict:
+    ("Where the checkpoint at `path` was written (`POSITION_KEYS`, its model signature and run seed) and the digests "
+     "of its weights, optimizer state and generator states (None: none saved; at an epoch's start they derive from "
+     "the seed)")
+    model, opt, extra = split_state(read_checkpoint(path, mmap=True))
+    repro = extra['callbacks']['repro_cb']
+    pos = repro['position']
+    return dict(fit=pos['fit'], epoch=pos['epoch'], batch=pos['batch'], iteration=pos['train_iter'],
+                model=extra['model']['digest'], seed=repro['seed'], weights=state_digest(model),
+                optimizer=states_digest(opt), generators=states_digest((repro.get('inside') or {}).get('generators')))
+
+def manifest_path(checkpoint) -> Path:
+    "The manifest beside `checkpoint` (`{fname}.pth` -> `{fname}.digests.jsonl`)"
+    p = Path(checkpoint)
+    return p.with_name(p.stem + MANIFEST_SUFFIX)
+
+def read_manifest(checkpoint) -> list:
+    "The manifest entries of the checkpoints written as `checkpoint`, oldest first; [] when it has none"
+    f = manifest_path(checkpoint)
+    return [json.loads(l) for l in f.read_text().splitlines() if l.strip()] if f.exists() else []
+
+def manifest_key(entry:dict) -> tuple:
+    "A checkpoint's place in its run: (fit, epoch, batch) order the checkpoints a run writes"
+    return entry['fit'], entry['epoch'], entry['batch']
+
+def add_to_manifest(checkpoint, # the checkpoint just written
+                    entry:dict, # its `checkpoint_digests`
+                   ) -> list:
+    ("Record `entry` in the manifest beside `checkpoint`, atomically, after the entries of the same run before it "
+     "(same learner and seed, an earlier position); the entries now")
+    run = lambda e: (e['model'], e['seed'])
+    res = [e for e in read_manifest(checkpoint) if run(e) == run(entry) and manifest_key(e) < manifest_key(entry)]
+    res.append(entry)
+    f = manifest_path(checkpoint)
+    tmp = f.with_name(f'{TMP_PREFIX}{f.name}')
+    tmp.write_text(''.join(json.dumps(e) + '\n' for e in res))
+    os.replace(tmp, f)
+    return res
+
 
 # %% ../nbs/04_preempt.ipynb #3f2619bb
 class CheckpointCB(Callback):
@@ -110,6 +173,14 @@ class CheckpointCB(Callback):
             _link(self.path, self.path.with_name(f'{self.fname}.1.pth'))
         self.learn.save(self.fname, with_opt=self.with_opt)
         self._last = time.monotonic()
+        if rank_distrib() == 0: self._record()
+
+    def _record(self):
+        "Add the new checkpoint to the manifest beside it; a manifest the disk refuses is said; training goes on"
+        try: add_to_manifest(self.path, checkpoint_digests(self.path))
+        except OSError as e:
+            warnings.warn(f"CheckpointCB: the digests of {self.path} could not be added to {manifest_path(self.path)} "
+                          f"({e}); the checkpoint itself is written. `reproduce_segments` cannot end a segment there.")
 
     def plan_fit(self, n_epoch:int, start_epoch:int) -> int|None:
         "With `autoresume`: skip this fit when an earlier run completed it, continue it where an earlier run stopped it"

@@ -19,13 +19,15 @@ from .trace import trace_frame, first_divergence, plot_losses
 from .provenance import ENTRY_ENV, environment_info, env_diff, git_info, write_cells
 from .ledger import Ledger, LedgerError, REPRODUCTION
 from .trackers import note_runs
+from .preempt import POSITION_KEYS, checkpoint_digests, manifest_path, read_manifest, manifest_key
 
 # %% auto #0
 __all__ = ['STOP_ENV', 'STOP_NAME', 'EXIT_REPRODUCED', 'EXIT_PARTS', 'EXIT_FAILED', 'GIT_TIMEOUT_S', 'KILL_GRACE_S',
-           'LOG_TAIL_LINES', 'NO_BIT_FIELDS', 'REPLAY_NOTEBOOK', 'REPLAY', 'MAX_CANDIDATES', 'ReproduceError',
-           'StopAtCB', 'code_worktree', 'rerun_env', 'env_differences', 'prediction', 'rerun_command',
-           'run_to_position', 'first_difference', 'compare_states', 'verdict', 'Reproduction', 'ledger_checkpoint',
-           'record_reproduction', 'reproduce', 'kept_checkpoints', 'reproduce_segments', 'segments_verdict']
+           'LOG_TAIL_LINES', 'NO_BIT_FIELDS', 'REPLAY_NOTEBOOK', 'REPLAY', 'DIGEST_QUANTITIES', 'MAX_CANDIDATES',
+           'ReproduceError', 'StopAtCB', 'rebuild_problem', 'code_worktree', 'rerun_env', 'env_differences',
+           'prediction', 'rerun_command', 'run_to_position', 'first_difference', 'compare_states', 'compare_digests',
+           'verdict', 'Reproduction', 'ledger_checkpoint', 'record_reproduction', 'reproduce', 'kept_checkpoints',
+           'segment_plan', 'reproduce_segments', 'segments_verdict']
 
 # %% ../nbs/18_reproduce.ipynb #a1700006
 STOP_ENV = 'FASTREPRO_STOP_AT'  # set by `reproduce` in the re-run's environment: where to stop, and where to save
@@ -129,6 +131,18 @@ def _repository(where, remote:str|None) -> Path:
         raise ReproduceError(f"No git repository at {where}, where the run was recorded: pass repo= (--repo) with "
                              f"{clone}.")
     return Path(p.stdout.decode().strip())
+
+def rebuild_problem(git:dict|None, # a checkpoint's git record (`checkpoint_info(f)['git']`)
+                    repo=None, # the repository with the commit (default: where the run was recorded)
+                   ) -> str|None:
+    "Why `reproduce` cannot rebuild the recorded code here (no commit, repository or commit here); None when it can"
+    git = git or {}
+    if not git.get('commit'):
+        return ("the run was recorded outside any git repository (or before its first commit): no commit records its "
+                "code. Run it from a committed git checkout.")
+    remote = git.get('remote_url')
+    try: _check_commit(_repository(repo or git.get('root'), remote), git['commit'], remote)
+    except ReproduceError as e: return str(e)
 
 def _check_commit(root:Path, commit:str, remote:str|None):
     if _git(root, 'cat-file', '-e', f'{commit}^{{commit}}', check=False).returncode:
@@ -333,6 +347,27 @@ def compare_states(a:dict, b:dict) -> dict:
         res[f'callback {name}'] = first_difference(ca.get(name), cb.get(name), name)
     return res
 
+# %% ../nbs/18_reproduce.ipynb #acd97f31
+DIGEST_QUANTITIES = {'weights': 'weights', 'optimizer state': 'optimizer', 'generator states': 'generators'}
+
+def _trace_before(trace:pd.DataFrame, pos:dict) -> pd.DataFrame:
+    "The rows of `trace` a checkpoint written at `pos` holds: its iterations before `pos`'s"
+    return trace[(trace.fit < pos['fit']) | ((trace.fit == pos['fit']) & (trace.iter < pos['iteration']))]
+
+def compare_digests(entry:dict, # the manifest entry of a checkpoint `keep` deleted (`read_manifest`)
+                    a:dict, # the run's newest checkpoint (`_record`): its trace holds the deleted one's
+                    b:dict, # the re-run's checkpoint at the entry's position (`_record`)
+                   ) -> dict:
+    ("Each quantity -> None when bit-identical, else where it first differs: the trace up to the entry's position, "
+     "then the weights, optimizer state and generator states by the digests the manifest recorded")
+    ta, tb = (trace_frame(r['extra']['callbacks']['repro_cb']['trace']) for r in (a, b))
+    got = checkpoint_digests(b['path'])
+    res = {'trace': first_divergence(_trace_before(ta, entry), tb, detail=True)}
+    for q, k in DIGEST_QUANTITIES.items():
+        res[q] = None if got[k] == entry[k] else f"sha256 {str(entry[k])[:12]} recorded, {str(got[k])[:12]} re-run"
+    return res
+
+
 # %% ../nbs/18_reproduce.ipynb #a1700034
 def _quantity(name:str, where, d) -> str:
     "The name of what first differs"
@@ -478,6 +513,10 @@ def _position(info:dict, extra:dict) -> dict:
     return dict(fit=info['fit_idx'], epoch=info['start_epoch'], batch=info['batch'], iteration=info['iteration'],
                 model=extra['model']['digest'], seed=info['seed'])
 
+def _entry_position(entry:dict) -> dict:
+    "Where the checkpoint of manifest `entry` was written, and by which learner, as `_position` says it"
+    return {k: entry[k] for k in (*POSITION_KEYS, 'model', 'seed')}
+
 def _say(show:bool, msg:str):
     if show: print(f"fastrepro reproduce: {msg}", flush=True)
 
@@ -492,6 +531,7 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
               ledger=None, # the run's ledger (a path or URL): the verdict is recorded there, linked to the run
               run:int|None=None, # a run of `ledger` to reproduce, from its newest checkpoint (instead of `checkpoint`)
               start=None, # an earlier checkpoint of the same run: the re-run resumes from it (a segment)
+              until:dict|None=None, # a manifest entry of a checkpoint of this run that `keep` deleted: stop there
              ) -> Reproduction:
     ("Rebuild the code of `checkpoint` in a temporary git worktree, compare the environment, re-run the recorded entry "
      "point to the checkpoint's position and compare the two runs bit for bit")
@@ -509,7 +549,7 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
     out.mkdir(parents=True, exist_ok=True)
     stop = out/f'{STOP_NAME}.pth'
     for f in (stop, stop.with_suffix('.json'), out/'rerun.log'): f.unlink(missing_ok=True)
-    pos, timings = _position(info, rec['extra']), {}
+    pos, timings = _position(info, rec['extra']) if until is None else _entry_position(until), {}
     if start is not None: pos['start'] = _segment_start(start, rec)
     with _interruptible(), code_worktree(root, git) as wt:
         timings['rebuild'] = time.perf_counter() - t0
@@ -536,12 +576,13 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
                              f"{pos['batch']}); its last output: {_tail(out/'rerun.log')}")
     t = time.perf_counter()
     again = {**_record(stop), 'facts': json.loads(stop.with_suffix('.json').read_text())}
-    quantities = compare_states(rec, again)
+    quantities = compare_states(rec, again) if until is None else compare_digests(until, rec, again)
     after = env_differences(info['env'], again['facts']['env'])
     data = _data_verdict(record, again['facts'], _data(rec, again))
     text, parts, code = verdict(quantities, pos, after, data)
     timings['compare'] = time.perf_counter() - t
-    res = Reproduction(str(checkpoint), git['commit'], text, code,
+    what = str(checkpoint) if until is None else f"{manifest_path(checkpoint)} (a deleted checkpoint's digests)"
+    res = Reproduction(what, git['commit'], text, code,
                        {k: v for k, v in pos.items() if k in ('fit', 'epoch', 'batch', 'iteration')},
                        parts, {q: (None if w is None else _quantity(q, w, w)) for q, w in quantities.items()},
                        predicted, before, after, data, argv, str(out), timings)
@@ -584,21 +625,43 @@ def kept_checkpoints(checkpoint, # the newest checkpoint `CheckpointCB` wrote (`
     older = [f for f in p.parent.glob(f'{p.stem}.*.pth') if f.stem[len(p.stem)+1:].isdigit()]
     return sorted(older, key=lambda f: -int(f.stem[len(p.stem)+1:])) + [p]
 
+def _run_key(info:dict) -> tuple: return info['git']['commit'], info['git']['diff_hash'], info['seed']
+
+def segment_plan(checkpoint, # the newest checkpoint `CheckpointCB` wrote (`{fname}.pth`)
+                ) -> list:
+    ("`(start, end, entry)` of each segment of the run: from its start and from each checkpoint kept beside "
+     "`checkpoint` (`{fname}.N.pth`, autoresume's `{fname}-fitN.pth`) to the next one its manifest recorded; `end` "
+     "is that checkpoint's file where it is kept (`entry` None), else `checkpoint` with `entry` its manifest line")
+    p = Path(checkpoint)
+    run, kept = _run_key(checkpoint_info(p)), {}
+    for f in [*kept_checkpoints(p), *p.parent.glob(f'{p.stem}-fit*.pth')]:
+        info = checkpoint_info(f)
+        if _run_key(info) == run: kept[info['fit_idx'], info['start_epoch'], info['batch']] = f
+    ends = sorted({**{manifest_key(e): (p, e) for e in read_manifest(p)}, **{k: (f, None) for k, f in kept.items()}}
+                  .items())
+    plan = []
+    for at, start in [((-1,), None), *sorted(kept.items())]:  # (-1,): before every checkpoint
+        nxt = next((end for k, end in ends if k > at), None)
+        if nxt is not None: plan.append((start, *nxt))
+    return plan
+
 def _segment(args:tuple) -> Reproduction:
     "One segment: `reproduce(end, out, start=start, ...)` (a function of the module: executors send it by reference)"
     start, end, out, kwargs = args
     return reproduce(end, out, start=start, show=False, **kwargs)
 
-def reproduce_segments(checkpoint, # the newest of the checkpoints `CheckpointCB(keep=N)` kept
+def reproduce_segments(checkpoint, # the newest checkpoint `CheckpointCB` wrote (`{fname}.pth`)
                        out='fastrepro-reproduce', # the folder: `segment-0`, `segment-1`, ... one per segment
                        workers:int=0, # processes that re-run segments side by side (0: one after another, here)
                        executor=None, # or any `concurrent.futures.Executor` (a Dask `client.get_executor()`)
                        **kwargs, # passed on to `reproduce` (repo, env, strict, timeout, ...)
                       ) -> list:
-    ("Verify a run in segments: from its start to the oldest kept checkpoint, then from each kept checkpoint to the "
-     "next, each resumed and compared on its own, side by side on `workers` processes or `executor`")
-    files, out = kept_checkpoints(checkpoint), Path(out).absolute()
-    jobs = [(start, end, out/f'segment-{i}', kwargs) for i, (start, end) in enumerate(zip([None, *files], files))]
+    ("Verify a run in segments (`segment_plan`): from its start and from each kept checkpoint to the next recorded "
+     "one (a deleted one by its manifest digests), each resumed and compared on its own, side by side on `workers` "
+     "processes or `executor`")
+    out = Path(out).absolute()
+    jobs = [(start, end, out/f'segment-{i}', {**kwargs, 'until': entry})
+            for i, (start, end, entry) in enumerate(segment_plan(checkpoint))]
     if executor is None and workers:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor

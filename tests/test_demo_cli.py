@@ -4,32 +4,35 @@ check passed), and input it cannot use (exit code 2, one clear message, no trace
 import json
 import pandas as pd
 import pytest
-from conftest import fastrepro_cli, assert_user_error, CLI_TIMEOUT_S
+from conftest import fastrepro_cli, assert_user_error, CLI_TIMEOUT_S, ROOT
 
 DEMO_TIMEOUT_S = 600   # the test profile takes about 1.5 minutes on a loaded 2-core CPU
 CHECKS = ['same seed, same bits', 'killed and resumed', 'fp16 loss scale', 'nondeterminism found', 'change over seeds',
-          'fast loop']
+          'fast loop', 'reproduced from one file']
 
 
-def demo(*args, timeout=CLI_TIMEOUT_S, **env):
-    "Run `fastrepro demo args` in a fresh process; the completed process"
-    return fastrepro_cli('demo', *args, timeout=timeout, **env)
+def demo(*args, timeout=CLI_TIMEOUT_S, cwd=ROOT, **env):
+    "Run `fastrepro demo args` in a fresh process (in folder `cwd`); the completed process"
+    return fastrepro_cli('demo', *args, cwd=cwd, timeout=timeout, **env)
 
 
 def test_demo_test_profile(fastai_home, tmp_path):
-    "The whole demo, its comparison's seeds in a pool of 2 processes (they give the same floats as in one: `16_demo`)"
+    ("The whole demo, its comparison's seeds in a pool of 2 processes (they give the same floats as in one: "
+     "`16_demo`), run outside any git repository: check 7 cannot rebuild the code and says so (`16_demo` runs it)")
     out = tmp_path/'out'
     # check 5's seeds in 2 processes
-    res = demo('--profile', 'test', '--workers', '2', '--out', out, timeout=DEMO_TIMEOUT_S)
+    res = demo('--profile', 'test', '--workers', '2', '--out', out, timeout=DEMO_TIMEOUT_S, cwd=tmp_path)
     assert res.returncode == 0, (res.stdout[-5000:], res.stderr[-5000:])
     for f in ('report.md', 'report.json', 'same_seed.png', 'fp16_loss_scale.png', 'nondeterminism.png', 'variants.png'):
         assert (out/f).is_file() and (out/f).stat().st_size > 0, f
     rep = json.loads((out/'report.json').read_text())
     assert rep['passed'] and [c['check'] for c in rep['checks']] == CHECKS
     assert all(c['passed'] for c in rep['checks']), [c['detail'] for c in rep['checks'] if not c['passed']]
+    assert [c['check'] for c in rep['checks'] if c['skipped']] == ['reproduced from one file']
+    assert 'outside any git repository' in rep['checks'][-1]['detail'], rep['checks'][-1]['detail']
     assert rep['info']['profile'] == 'test' and 'trained from scratch' in rep['info']['weights']
     for c in CHECKS: assert c in res.stdout                      # the report table
-    assert '6/6 checks passed' in res.stdout
+    assert '6/7 checks passed, 1 skipped' in res.stdout and 'skipped' in (out/'report.md').read_text()
     md = (out/'report.md').read_text()
     assert '| check | result | detail | seconds |' in md and '![fp16 loss scale](fp16_loss_scale.png)' in md
     assert (out/'traces'/'stray_draw.trace').is_file()

@@ -11,7 +11,7 @@ from fastai.test_utils import synth_learner
 from fastrepro.all import ReproCB, CheckpointCB, Ledger, LedgerError, checkpoint_info, seed_everything
 from fastrepro.ledger import postgres_bin, local_postgres, Spool, SpoolIndex, SPOOL_NAME, SPOOLS_ENV, LedgerWarning
 from fastrepro.checkpoint import CheckpointWriteError
-from fastrepro.preempt import SAVE_FAILED_EXIT
+from fastrepro.preempt import SAVE_FAILED_EXIT, read_manifest
 
 ROOT = Path(__file__).parent.parent
 N_ITER = 10  # training iterations per epoch of `learner` (synth_learner: 10 batches)
@@ -287,6 +287,8 @@ def test_periodic_checkpoints_on_full_disk(tmpfs, tmp_path):
     assert 'bytes free there' in msgs[0] and 'inline_container' not in msgs[0], msgs[0]
     assert kept['info']['iteration'] == 4  # the previous checkpoint intact and loadable
     assert checkpoint_info(tmpfs/'models'/'checkpoint.pth')['iteration'] == 20  # retried: written again
+    # the manifest has the checkpoints that were written, not the two the full disk refused
+    assert [e['iteration'] for e in read_manifest(tmpfs/'models'/'checkpoint.pth')] == [4, 16, 20]
     assert same_model(learn, ref)  # training went on, unchanged
     events = learn.repro_cb.trace.events
     assert [it for it, _ in events] == [8, 16] and 'ENOSPC' in events[0][1] and 'written again' in events[1][1]

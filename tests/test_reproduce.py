@@ -14,6 +14,7 @@ from fastrepro.core import digest
 from fastrepro.cli import main
 from fastrepro.reproduce import reproduce, reproduce_segments, segments_verdict, EXIT_PARTS, EXIT_FAILED
 from fastrepro.reproduce import _ledger_run
+from fastrepro.preempt import read_manifest, checkpoint_digests
 from fastrepro.ledger import Ledger
 
 RUN_TIMEOUT_S = 300  # one training process: a fastai import (about 5 s) and a few tiny fits; a hang is a failure
@@ -149,9 +150,16 @@ def test_a_variable_the_record_does_not_hold_parts_where_the_script_reads_it(tra
 def test_segments_verified_side_by_side_on_a_process_pool(trained, tmp_path, monkeypatch):
     root, ckpt = trained
     monkeypatch.setenv('PYTHONPATH', str(ROOT))
-    res = reproduce_segments(ckpt, tmp_path/'out', workers=2)  # keep=2: checkpoint.1 and the newest
-    assert [(r.position['fit'], r.position['iteration']) for r in res] == [(2, 3), (2, 6)]
+    # the manifest: every checkpoint CheckpointCB wrote, also the two that keep=2 deleted
+    man = read_manifest(ckpt)
+    assert [(e['fit'], e['iteration']) for e in man] == [(0, 3), (1, 3), (2, 3), (2, 6)]
+    assert [checkpoint_digests(f) for f in (ckpt.with_name('checkpoint.1.pth'), ckpt)] == man[2:]
+    # from the start to the first (deleted: by its digests), from checkpoint.1 to the newest (kept: in full)
+    res = reproduce_segments(ckpt, tmp_path/'out', workers=2)
+    assert [(r.position['fit'], r.position['iteration']) for r in res] == [(0, 3), (2, 6)]
     assert segments_verdict(res) == ('reproduced bit for bit in 2 segments', 0), [r.verdict for r in res]
+    assert res[0].checkpoint.endswith("checkpoint.digests.jsonl (a deleted checkpoint's digests)")
+    assert res[0].quantities == dict.fromkeys(['trace', 'weights', 'optimizer state', 'generator states'])
     assert (tmp_path/'out'/'segment-1'/'report.json').is_file()
     assert _git(root, 'worktree', 'list').count('\n') == 1
 

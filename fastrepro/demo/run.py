@@ -1,4 +1,4 @@
-"""Six checks on a real ULMFiT text classifier, with numbers and plots: same seed same bits, a killed run resumed bit for bit in a fresh process, the fp16 loss scale made visible, a hidden random draw found at its exact iteration, a change judged over several seeds, and the fast loop. The notebook and `fastrepro demo` share this one implementation.
+"""Seven checks on a real ULMFiT text classifier, with numbers and plots: same seed same bits, a killed run resumed bit for bit in a fresh process, the fp16 loss scale made visible, a hidden random draw found at its exact iteration, a change judged over several seeds, the fast loop, and the classifier reproduced from its checkpoint file alone. The notebook and `fastrepro demo` share this one implementation.
 
 Docs: https://fastrepro.github.io/fastrepro/demo.html.md"""
 
@@ -7,7 +7,7 @@ Docs: https://fastrepro.github.io/fastrepro/demo.html.md"""
 # %% ../../nbs/16_demo.ipynb #857bdd2f
 from __future__ import annotations
 import os, sys, json, time, shutil, socket, signal, random, hashlib, warnings, functools, traceback, subprocess, \
-    dataclasses, textwrap
+    dataclasses, textwrap, shlex
 from contextlib import contextmanager
 from concurrent.futures import ProcessPoolExecutor
 import multiprocessing
@@ -29,14 +29,15 @@ from ..trace import first_divergence, save_trace, state_digest, RunRecord, same_
 from ..stats import compare, ablation, seeds_needed, MIN_SEEDS
 from ..sweep import repeat
 from .ulmfit import *
-from .jobs import Job, job_process, job_error, STOP_EPOCH, RESUME_SEED_OFFSET
+from .jobs import Job, job_process, job_error, STOP_EPOCH, RESUME_SEED_OFFSET, JOB_FILE, JOB_TIMEOUT_S
+from ..reproduce import reproduce, rebuild_problem
 
 # %% auto #0
 __all__ = ['SEED', 'N_SEEDS', 'CPU_THREADS', 'STRAY_ITER', 'FP16_INIT_SCALE', 'FP16_GROWTH_INTERVAL', 'FP16_CPU_EPOCHS',
-           'VARIANT_DROP_MULT', 'VARIANT_WD', 'METRIC', 'EXIT_FAILED', 'DEMO_CHECKS', 'CheckResult', 'demo_check',
-           'cpu_threads', 'ULMFiTRun', 'Demo', 'check_same_seed', 'check_resume', 'check_fp16', 'StrayDraw',
-           'check_nondeterminism', 'arms', 'train_arm', 'seed_pool', 'check_variants', 'profile_table', 'module_types',
-           'check_fast_loop', 'format_table', 'report_markdown', 'run_demo']
+           'VARIANT_DROP_MULT', 'VARIANT_WD', 'METRIC', 'EXIT_FAILED', 'NEVER_ITER', 'DEMO_CHECKS', 'CheckResult',
+           'demo_check', 'cpu_threads', 'ULMFiTRun', 'Demo', 'check_same_seed', 'check_resume', 'check_fp16',
+           'StrayDraw', 'check_nondeterminism', 'arms', 'train_arm', 'seed_pool', 'check_variants', 'profile_table',
+           'module_types', 'check_fast_loop', 'check_reproduce', 'format_table', 'report_markdown', 'run_demo']
 
 # %% ../../nbs/16_demo.ipynb #8b6f2714
 SEED = 42                # the demo's run seed
@@ -62,11 +63,14 @@ class CheckResult:
     detail:str # the numbers behind the verdict
     artifacts:dict = field(default_factory=dict) # plots and traces written (file names), tables and values (JSON-ready)
     seconds:float = 0. # how long the check took
+    skipped:bool = False # the check could not run here (the detail says why); it fails nothing
+
+    @property
+    def result(self) -> str: return 'skipped' if self.skipped else 'passed' if self.passed else 'FAILED'
 
     def row(self) -> dict:
         "The report row: check | result | detail | seconds"
-        return {'check': self.check, 'result': 'passed' if self.passed else 'FAILED', 'detail': self.detail,
-                'seconds': round(self.seconds, 1)}
+        return {'check': self.check, 'result': self.result, 'detail': self.detail, 'seconds': round(self.seconds, 1)}
 
     def plots(self, out='.') -> list:
         "Paths of the PNG plots among the artifacts, in folder `out`"
@@ -80,13 +84,14 @@ class CheckResult:
 def demo_check(title:str, # the check's name in the report
               ):
     ("Decorator making `f(demo) -> (passed, detail, artifacts)` a check: run under the demo's CPU threads, timed, "
-     "a `CheckResult`")
+     "a `CheckResult` (`passed` None: skipped, the detail says why)")
     def _deco(f):
         @functools.wraps(f)
         def _check(demo, *args, **kwargs) -> CheckResult:
             t0 = time.perf_counter()
             with cpu_threads(demo.threads): passed, detail, artifacts = f(demo, *args, **kwargs)
-            return CheckResult(title, bool(passed), detail, artifacts, time.perf_counter() - t0)
+            return CheckResult(title, passed is None or bool(passed), detail, artifacts, time.perf_counter() - t0,
+                               skipped=passed is None)
         _check.title = title
         return _check
     return _deco
@@ -186,7 +191,7 @@ class Demo:
         ref = self.reference
         return partial(train_arm, self.df, ref.vocab, self.profile, ref.path, **change)
 
-    def run(self, checks=None, # the checks to run (default: `DEMO_CHECKS`, all six)
+    def run(self, checks=None, # the checks to run (default: `DEMO_CHECKS`, all seven)
            ) -> list:
         "Run the checks under a fastai-style progress bar; a check that crashes is a failed row (traceback on stderr)"
         checks, res = list(checks or DEMO_CHECKS), []
@@ -200,7 +205,7 @@ class Demo:
                     print(traceback.format_exc(), file=sys.stderr)
                     r = CheckResult(check.title, False, f"crashed: {type(e).__name__}: {e}")
                 res.append(r)
-                if self.progress: self._mb.write(f"{r.check}: {'passed' if r.passed else 'FAILED'} ({r.seconds:.0f} s)")
+                if self.progress: self._mb.write(f"{r.check}: {r.result} ({r.seconds:.0f} s)")
         finally: self._mb = None
         return res
 
@@ -451,17 +456,47 @@ def check_fast_loop(demo:Demo):
               f"Here, run A of the {demo.profile.name} profile took {ref.seconds:.0f} s on {ref.device}.")
     return ta == tb, detail, dict(profiles=json.loads(tbl.to_json()))
 
+# %% ../../nbs/16_demo.ipynb #85721296
+NEVER_ITER = 10**9  # check 7's re-run: the preempt job's SIGTERM at an iteration it never reaches (its callbacks kept)
+
+@demo_check('reproduced from one file')
+def check_reproduce(demo:Demo):
+    ("Check 7: `reproduce` on the classifier checkpoint check 2 wrote at SIGTERM: the code rebuilt from its commit, "
+     "the job re-run in a fresh process to the checkpoint's position, compared bit for bit")
+    ck = demo.work/'resume'/'models'/'checkpoint.pth'
+    if not ck.exists(): return None, f"Skipped: no classifier checkpoint at {ck} (check 2 writes it): run it first.", {}
+    why = rebuild_problem(checkpoint_info(ck)['git'])
+    if why: return None, f"Skipped, the code of {ck.name} cannot be rebuilt here: {why}", {}
+    out = demo.out/'reproduce'
+    job = Job(**pd.read_pickle(ck.parent.parent/JOB_FILE))
+    job.path = out/'run'  # the re-run's checkpoints: not over check 2's
+    job.write()
+    shutil.copy(ck.parent/f'{ENCODER}.pth', job.path/'models'/f'{ENCODER}.pth')
+    code = (f"from fastrepro.demo.jobs import run_job; run_job({str(job.path/JOB_FILE)!r}, 'preempt', "
+            f"kill=({NEVER_ITER}, {int(signal.SIGTERM)}))")
+    command = f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}"
+    r = demo._steps([('reproduce: rebuild, re-run, compare',
+                      lambda: reproduce(ck, out, command=command, timeout=JOB_TIMEOUT_S, show=False))])[0]
+    p, t = r.position, r.timings
+    detail = (f"{ck.name} (fit {p['fit']}, epoch {p['epoch']}, after batch {p['batch']}, iteration {p['iteration']}): "
+              f"commit {r.commit[:8]} rebuilt in a temporary worktree; before running, {r.prediction}; "
+              f"{r.verdict} ({len(r.quantities)} quantities compared; the re-run took {t['rerun']:.0f} s). "
+              f"Report: {Path(r.out).name}/report.md.")
+    return r.reproduced, detail, dict(verdict=r.verdict, exit_code=r.exit_code, position=p,
+                                      report='reproduce/report.md')
+
+
 # %% ../../nbs/16_demo.ipynb #48adb74f
 def format_table(results:list, # `CheckResult`s
                  width:int=100, # wrap the detail column at this width
                 ) -> str:
     "The report as a plain-text table: check | result | detail"
     w = max(len(r.check) for r in results)
-    lines = [f"{'check':<{w}}  {'result':<6}  detail", f"{'-'*w}  ------  {'-'*max(10, width-w-10)}"]
+    lines = [f"{'check':<{w}}  {'result':<7}  detail", f"{'-'*w}  -------  {'-'*max(10, width-w-11)}"]
     for r in results:
-        wrapped = textwrap.wrap(r.detail, max(20, width-w-10)) or ['']
-        lines.append(f"{r.check:<{w}}  {'passed' if r.passed else 'FAILED':<6}  {wrapped[0]}")
-        lines += [f"{'':<{w}}  {'':<6}  {l}" for l in wrapped[1:]]
+        wrapped = textwrap.wrap(r.detail, max(20, width-w-11)) or ['']
+        lines.append(f"{r.check:<{w}}  {r.result:<7}  {wrapped[0]}")
+        lines += [f"{'':<{w}}  {'':<7}  {l}" for l in wrapped[1:]]
     return '\n'.join(lines)
 
 def report_markdown(info:dict, # `Demo.info()`
@@ -470,14 +505,15 @@ def report_markdown(info:dict, # `Demo.info()`
     "The report as Markdown: the header, the table, the plots"
     md = ['# fastrepro demo report', ''] + [f"- **{k}**: {v}" for k, v in info.items()] + ['']
     md += ['| check | result | detail | seconds |', '|---|---|---|---|']
-    md += [f"| {r.check} | {'passed' if r.passed else '**FAILED**'} | {r.detail.replace('|', '/')} | {r.seconds:.1f} |"
+    md += [f"| {r.check} | {r.result if r.passed else '**FAILED**'} | {r.detail.replace('|', '/')} | {r.seconds:.1f} |"
            for r in results]
     for r in results: md += ['', f"## {r.check}", ''] + [f"![{r.check}]({p.name})" for p in r.plots()]
     return '\n'.join(md) + '\n'
 
 # %% ../../nbs/16_demo.ipynb #a8d9ce3b
 # in order
-DEMO_CHECKS = (check_same_seed, check_resume, check_fp16, check_nondeterminism, check_variants, check_fast_loop)
+DEMO_CHECKS = (check_same_seed, check_resume, check_fp16, check_nondeterminism, check_variants, check_fast_loop,
+               check_reproduce)
 
 # %% ../../nbs/16_demo.ipynb #9f34bdd5
 def run_demo(profile:str='fast', # 'test', 'fast' or 'full'
@@ -494,7 +530,9 @@ def run_demo(profile:str='fast', # 'test', 'fast' or 'full'
     demo = Demo(profile, n_seeds, data, out, seed, progress=progress, workers=workers)
     results = demo.run()
     md, _ = demo.write_report(results)
+    n_skipped = sum(r.skipped for r in results)
     print(f"\n{format_table(results)}\n\nfastrepro demo, profile {demo.profile.name}: "
-          f"{sum(r.passed for r in results)}/{len(results)} "
-          f"checks passed in {time.perf_counter() - t0:.0f} s. Weights: {demo.weights}. Report: {md}")
+          f"{sum(r.passed and not r.skipped for r in results)}/{len(results)} checks passed"
+          f"{f', {n_skipped} skipped' if n_skipped else ''} in {time.perf_counter() - t0:.0f} s. "
+          f"Weights: {demo.weights}. Report: {md}")
     return 0 if all(r.passed for r in results) else EXIT_FAILED
