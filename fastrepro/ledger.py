@@ -360,18 +360,36 @@ class Spool:
             con.execute('DELETE FROM spool WHERE run_key = ?' + ('' if stamp is None else ' AND stamp = ?'),
                         (run_key,) if stamp is None else (run_key, stamp))
 
+    @contextlib.contextmanager
+    def _locked(self):
+        "The spool's write lock, held (None where there is no spool: nothing spooled to send meanwhile)"
+        if not self.path.exists(): yield None; return
+        with self._connect() as con:
+            con.execute('BEGIN IMMEDIATE')
+            try: yield con
+            except BaseException: con.execute('ROLLBACK'); raise
+            con.execute('COMMIT')
+
     def sync(self, ledger:Ledger) -> int:
         "Send the records spooled for `ledger` to it, each exactly once; returns how many were sent"
-        todo = self.records(spool_address(ledger.db.address))
-        for key, _, rec, stamp in todo:
-            ledger._put(key, rec)  # committed: a sync killed after this line sends the record again, to the same run
-            self.drop(key, stamp)
-        return len(todo)
+        sent = 0
+        for key, _, _, stamp in self.records(spool_address(ledger.db.address)):
+            # under the lock, the run's writer can neither send a newer state nor spool one until this one is sent:
+            # a state read before the lock and replaced or sent since is not sent (it would overwrite a newer one)
+            with self._locked() as con:
+                row = con.execute('SELECT record FROM spool WHERE run_key = ? AND stamp = ?', (key, stamp)).fetchone()
+                if row is None: continue
+                ledger._put(key, json.loads(row[0]))  # a sync killed after it sends the record again, to the same run
+                con.execute('DELETE FROM spool WHERE run_key = ? AND stamp = ?', (key, stamp))
+                sent += 1
+        return sent
 
     def send(self, ledger:Ledger, run_key:str, record:dict) -> int:
         "Put `record` in `ledger` in place of any state of it spooled here, then what is spooled for `ledger`"
-        rid = ledger._put(run_key, record)
-        self.drop(run_key)  # its older states: only the run's own writer spools them
+        with self._locked() as con:
+            rid = ledger._put(run_key, record)
+            # its older states: only the run's own writer spools them
+            if con is not None: con.execute('DELETE FROM spool WHERE run_key = ?', (run_key,))
         self.sync(ledger)  # this spool's other records, noted in the index or not
         ledger._send_spooled()  # the other spools' records for the ledger
         return rid
