@@ -67,8 +67,11 @@ def pg():
     with local_postgres(fsync='off') as url: yield url
 
 KILL_AFTER_PUT = """import os, signal, sys
-from fastrepro.ledger import Spool
-Spool.drop = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)  # killed after the first record's commit
+from fastrepro.ledger import Ledger
+put = Ledger._put
+def put_then_die(self, *args):
+    put(self, *args); os.kill(os.getpid(), signal.SIGKILL)  # killed after the first record's commit
+Ledger._put = put_then_die
 from fastrepro.cli import main
 main(sys.argv[1:])"""
 
