@@ -581,11 +581,16 @@ class Ledger:
         "`put` without sending the spools: what a spool's own sync calls"
         rec = {'status': 'completed', **record, 'run_key': run_key}
         _check_fields(rec)
-        cols = list(rec)
+        cols, values = list(rec), [_encode(c, rec[c]) for c in rec]
+        # an update first: an upsert that finds the run takes a number from the ids' sequence all the same, and a fit
+        # that writes its record at start, end and each note would leave gaps in the ids `fastrepro runs` shows
+        updated = self._write(f"UPDATE runs SET {', '.join(f'{_quote(c)} = ?' for c in cols)} WHERE run_key = ? "
+                              "RETURNING id", values + [run_key])[1]
+        if updated: return updated[0][0]
         sets = ', '.join(f'{_quote(c)} = excluded.{_quote(c)}' for c in cols if c != 'run_key')
         sql = (f"INSERT INTO runs ({', '.join(map(_quote, cols))}) VALUES ({', '.join('?'*len(cols))}) "
-               f"ON CONFLICT (run_key) DO UPDATE SET {sets} RETURNING id")
-        return self._write(sql, [_encode(c, rec[c]) for c in cols])[1][0][0]
+               f"ON CONFLICT (run_key) DO UPDATE SET {sets} RETURNING id")  # two writers adding it at once: one run
+        return self._write(sql, values)[1][0][0]
 
     def record(self, run_key:str) -> dict|None:
         "The fields of the run keyed `run_key`, as `put` takes them; None where the ledger holds no such run"
