@@ -7,7 +7,7 @@ Docs: https://fastrepro.github.io/fastrepro/reproduce.html.md"""
 # %% ../nbs/18_reproduce.ipynb #a1700004
 from __future__ import annotations
 import os, re, sys, json, time, shlex, shutil, signal, socket, zipfile, itertools, tempfile, threading, subprocess
-import contextlib
+import contextlib, functools
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 import numpy as np, pandas as pd, torch
@@ -23,11 +23,11 @@ from .preempt import POSITION_KEYS, checkpoint_digests, manifest_path, read_mani
 
 # %% auto #0
 __all__ = ['STOP_ENV', 'STOP_NAME', 'EXIT_REPRODUCED', 'EXIT_PARTS', 'EXIT_FAILED', 'GIT_TIMEOUT_S', 'KILL_GRACE_S',
-           'LOG_TAIL_LINES', 'NO_BIT_FIELDS', 'REPLAY_NOTEBOOK', 'REPLAY', 'DIGEST_QUANTITIES', 'MAX_CANDIDATES',
-           'ReproduceError', 'StopAtCB', 'rebuild_problem', 'code_worktree', 'rerun_env', 'env_differences',
-           'prediction', 'rerun_command', 'run_to_position', 'first_difference', 'compare_states', 'compare_digests',
-           'verdict', 'Reproduction', 'ledger_checkpoint', 'record_reproduction', 'reproduce', 'kept_checkpoints',
-           'segment_plan', 'reproduce_segments', 'segments_verdict']
+           'LOG_TAIL_LINES', 'NO_BIT_FIELDS', 'PROBE_TIMEOUT_S', 'THREAD_VARS', 'REPLAY_NOTEBOOK', 'REPLAY',
+           'DIGEST_QUANTITIES', 'MAX_CANDIDATES', 'ReproduceError', 'StopAtCB', 'rebuild_problem', 'code_worktree',
+           'rerun_env', 'env_differences', 'prediction', 'rerun_command', 'run_to_position', 'first_difference',
+           'compare_states', 'compare_digests', 'verdict', 'Reproduction', 'ledger_checkpoint', 'record_reproduction',
+           'reproduce', 'kept_checkpoints', 'segment_plan', 'reproduce_segments', 'segments_verdict']
 
 # %% ../nbs/18_reproduce.ipynb #a1700006
 STOP_ENV = 'FASTREPRO_STOP_AT'  # set by `reproduce` in the re-run's environment: where to stop, and where to save
@@ -210,11 +210,24 @@ def rerun_env(entry:dict|None, # the recorded entry point (`checkpoint_info(f)['
         for k in ('WORLD_SIZE', 'LOCAL_WORLD_SIZE'): env.pop(k, None)
     return {**env, **(overrides or {})}
 
+PROBE_TIMEOUT_S = 120  # a process that imports torch and prints its thread count (seconds, on a loaded machine)
+THREAD_VARS = ('OMP_NUM_THREADS', 'MKL_NUM_THREADS')  # torch reads the first, then the second over it
+
+@functools.lru_cache
+def _threads_taken(asked:tuple) -> int:
+    "The threads torch takes in a fresh process with the variables `asked`: the OpenMP runtime may give fewer"
+    env = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}
+    probe = subprocess.run([sys.executable, '-c', 'import torch; print(torch.get_num_threads())'], text=True,
+                           env={**env, **dict(asked)}, capture_output=True, timeout=PROBE_TIMEOUT_S)
+    if probe.returncode: raise ReproduceError(f"Python with torch does not start here: {probe.stderr.strip()[-500:]}")
+    return int(probe.stdout)
+
 def _threads(env:dict) -> int:
-    "The thread count torch takes in a process started with `env`"
-    n = env.get('OMP_NUM_THREADS') or env.get('MKL_NUM_THREADS')
-    if n and n.isdigit(): return int(n)
-    return torch.get_num_threads() if 'OMP_NUM_THREADS' not in os.environ else (os.cpu_count() or 1)
+    ("The thread count torch takes in a process started with `env`: `MKL_NUM_THREADS`, else `OMP_NUM_THREADS`, "
+     "else one per core, and never more than the CPUs (asked by a process that starts torch, where it is not 1)")
+    asked = {k: env[k] for k in THREAD_VARS if k in env}
+    n = asked.get('MKL_NUM_THREADS', asked.get('OMP_NUM_THREADS'))
+    return 1 if n == '1' else _threads_taken(tuple(asked.items()))
 
 def _expected_env(env:dict, recorded:dict) -> dict:
     ("This machine's `environment_info` as a process started with `env` sees it; the switches are the recorded "
