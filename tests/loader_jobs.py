@@ -1,16 +1,17 @@
-"""One process of the DataLoader-resume tests: a small learner on one of fastai's DataLoader types, trained with
-`ReproCB` and `CheckpointCB(every_iters=3, autoresume=True)`.
+"""Processes of the DataLoader-resume tests: small learners on fastai's DataLoader types, trained with `ReproCB` and
+`CheckpointCB(every_iters=3, autoresume=True)`.
 
-    python tests/loader_jobs.py KIND SHARE WHERE DIR STAGE
+    python tests/loader_jobs.py STAGE DIR CASE [CASE ...]
 
-KIND: a key of `LEARNERS`. SHARE: 0; or 1, to serve rank 1's share of each training pass through fastai's
+Each CASE is KIND-SHARE-WHERE, run in DIR/CASE, one after another in this process (as a user's script fits several
+learners). KIND: a key of `LEARNERS`. SHARE: 0; or 1, to serve rank 1's share of each training pass through fastai's
 `DistributedDL` (world size 2, wrapped at `before_train` as fastai's `DistributedTrainer` does); or `ddp`, under
-`torchrun` (`learn.distrib_ctx()`, gloo on CPUs): each rank records its run as NAME-rank{r}.pt. WHERE: `middle` (the
-run is stopped after the middle batch of epoch `STOP_EPOCH`) or `last` (after its last batch, before its validation).
-STAGE: `stop` trains the uninterrupted run (DIR/ref) and records it, then the same run in DIR/run, sent SIGTERM there
-(CheckpointCB writes its checkpoint and ends the fit with status 143; DIR/stopped.pt: where); `resume` runs the script
-again in DIR/run, which continues the stopped fit. Each run's record: DIR/NAME.pt (weights, optimizer state, per-batch
-losses, metrics, iteration count)."""
+`torchrun` (`learn.distrib_ctx()`, gloo on CPUs; one case per launch): each rank records its run as NAME-rank{r}.pt.
+WHERE: `middle` (the run is stopped after the middle batch of epoch `STOP_EPOCH`) or `last` (after its last batch,
+before its validation). STAGE: `stop` trains the uninterrupted run (ref) and records it, then the same run in run/,
+sent SIGTERM there (CheckpointCB writes its checkpoint and ends the fit with `SystemExit(143)`; stopped.pt: where, and
+the status); `resume` runs the case again in run/, which continues the stopped fit. Each run's record: NAME.pt
+(weights, optimizer state, per-batch losses, metrics, iteration count)."""
 import os, sys, signal, warnings
 from contextlib import nullcontext
 import numpy as np, pandas as pd, torch
@@ -201,19 +202,30 @@ def train(learn:Learner, name:str, path:Path):
                path/f'{name}.pt')
 
 
+def case_name(kind:str, share, where:str) -> str: return f'{kind}-{share}-{where}'
+
+
+def stop(kind:str, share, where:str, out:Path):
+    "The uninterrupted run, then the run sent SIGTERM inside epoch `STOP_EPOCH`: where it stopped, and how"
+    train(learner(kind, share, out/'ref', 'ref'), 'ref', out)
+    learn = learner(kind, share, out/'run', 'stop', where)
+    n = stop_batch(learn, share, 'last')
+    try: train(learn, 'unstopped', out)
+    except SystemExit as e:  # CheckpointCB's exit at the signal
+        info = checkpoint_info(out/'run'/'models'/'checkpoint.pth')
+        if rank_distrib() == 0: torch.save({k: info[k] for k in ('start_epoch', 'batch', 'iteration')} |
+                                           {'n_batches': n, 'status': e.code}, out/'stopped.pt')
+        if share == 'ddp': sys.exit(e.code)  # torchrun's ranks end as a killed job's do
+
+
 if __name__ == '__main__':
-    kind, share, where, out, stage = sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4]), sys.argv[5]
-    share = share if share == 'ddp' else int(share)
+    stage, out, cases = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
     warnings.simplefilter('ignore')
-    if stage == 'stop':
-        train(learner(kind, share, out/'ref', 'ref'), 'ref', out)
-        learn = learner(kind, share, out/'run', 'stop', where)
-        n = stop_batch(learn, share, 'last')
-        try: train(learn, 'unstopped', out)
-        except SystemExit as e:  # CheckpointCB's exit at the signal
-            info = checkpoint_info(out/'run'/'models'/'checkpoint.pth')
-            if rank_distrib() == 0: torch.save({k: info[k] for k in ('start_epoch', 'batch', 'iteration')} |
-                       {'n_batches': n}, out/'stopped.pt')
-            sys.exit(e.code)
-    elif stage == 'resume': train(learner(kind, share, out/'run', 'resume'), 'resumed', out)
-    else: raise ValueError(f"Unknown stage {stage!r}: 'stop' or 'resume'.")
+    for case in cases:
+        kind, share, where = case.split('-')
+        share = share if share == 'ddp' else int(share)
+        (out/case).mkdir(parents=True, exist_ok=True)
+        if stage == 'stop': stop(kind, share, where, out/case)
+        elif stage == 'resume': train(learner(kind, share, out/case/'run', 'resume'), 'resumed', out/case)
+        else: raise ValueError(f"Unknown stage {stage!r}: 'stop' or 'resume'.")
+        for f in (sys.stdout, sys.stderr): print(f"{case}: {stage} done", file=f, flush=True)  # ends its output
