@@ -371,13 +371,19 @@ def train_arm(df:pd.DataFrame, vocab:list, profile:Profile, path:Path, # the dem
     learn = train_classifier(ulmfit_classifier(df, vocab, profile, seed, path, **change), profile)
     return dict(zip(learn.recorder.metric_names[1:-1], learn.recorder.values[-1]))
 
+def _fork_pools():
+    ("A spawned process starts its own pools by fork, as any process Python starts on Linux does: else each text "
+     "fastai tokenizes starts processes that import fastai again (10 s per run of check 5 instead of 1)")
+    if 'fork' in multiprocessing.get_all_start_methods(): multiprocessing.set_start_method('fork', force=True)
+
 @contextmanager
 def seed_pool(workers:int): # processes (0: none)
     "A pool of `workers` fresh processes (spawned: nothing of this process's state leaks in) for `repeat`; None for 0"
     if not workers:
         yield None
         return
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context('spawn')) as ex: yield ex
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context('spawn'), initializer=_fork_pools) as ex:
+        yield ex
 
 # %% ../../nbs/16_demo.ipynb #6896bcd1
 @demo_check('change over seeds')
