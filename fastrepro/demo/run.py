@@ -462,9 +462,10 @@ def check_fast_loop(demo:Demo):
               f"Here, run A of the {demo.profile.name} profile took {ref.seconds:.0f} s on {ref.device}.")
     return ta == tb, detail, dict(profiles=json.loads(tbl.to_json()))
 
-# %% ../../nbs/16_demo.ipynb #85721296
+# %% ../../nbs/16_demo.ipynb #85721295
 NEVER_ITER = 10**9  # check 7's re-run: the preempt job's SIGTERM at an iteration it never reaches (its callbacks kept)
 
+# %% ../../nbs/16_demo.ipynb #85721296
 @demo_check('reproduced from one file')
 def check_reproduce(demo:Demo):
     ("Check 7: `reproduce` on the classifier checkpoint check 2 wrote at SIGTERM: the code rebuilt from its commit, "
