@@ -38,6 +38,17 @@ def fastrepro_cli(*args, cwd=ROOT, timeout=CLI_TIMEOUT_S, **env) -> subprocess.C
                           capture_output=True, text=True, timeout=timeout)
 
 
+def fastrepro_here(capsys, *args) -> subprocess.CompletedProcess:
+    ("Run `fastrepro args` in this process (`fastrepro.cli.main`; `capsys` captures its output): the exit code and "
+     "output a fresh process gives, without the seconds of its imports")
+    from fastrepro.cli import main
+    capsys.readouterr()
+    try: code = main([str(a) for a in args])
+    except SystemExit as e: code = e.code
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(['fastrepro', *map(str, args)], code, out.out, out.err)
+
+
 def assert_user_error(res, *expected):
     "Exit code 2, one clear message on stderr naming the command, no traceback"
     assert res.returncode == 2, (res.returncode, res.stdout[-2000:], res.stderr[-3000:])

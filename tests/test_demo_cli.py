@@ -1,10 +1,11 @@
 """End to end tests of `fastrepro demo`: the test profile's \
 whole demo in a fresh process (report files, exit code 0, every
-check passed), and input it cannot use (exit code 2, one clear message, no traceback)."""
+check passed), and input it cannot use (exit code 2, one clear message, no traceback): in this process through the
+command line's `main`, and once in a fresh process (no IMDB sample, no network)."""
 import json
 import pandas as pd
 import pytest
-from conftest import fastrepro_cli, assert_user_error, CLI_TIMEOUT_S, ROOT
+from conftest import fastrepro_cli, fastrepro_here, assert_user_error, CLI_TIMEOUT_S, ROOT
 
 DEMO_TIMEOUT_S = 600   # the test profile takes about 1.5 minutes on a loaded 2-core CPU
 CHECKS = ['same seed, same bits', 'killed and resumed', 'fp16 loss scale', 'nondeterminism found', 'change over seeds',
@@ -49,47 +50,52 @@ def csv(tmp_path, fastai_home):
     return _write
 
 
-def test_missing_columns(csv, tmp_path):
+def test_missing_columns(csv, tmp_path, capsys):
     p = csv('cols.csv', lambda df: df.rename(columns={'label': 'sentiment'}))
-    assert_user_error(demo('--profile', 'test', '--data', p, '--out', tmp_path/'o'), "no 'label' column", 'sentiment')
+    assert_user_error(fastrepro_here(capsys, 'demo', '--profile', 'test', '--data', p, '--out', tmp_path/'o'),
+                      "no 'label' column", 'sentiment')
 
 
-def test_one_class(csv, tmp_path):
+def test_one_class(csv, tmp_path, capsys):
     p = csv('one.csv', lambda df: df.assign(label='positive'))
-    assert_user_error(demo('--profile', 'test', '--data', p, '--out', tmp_path/'o'), 'at least two classes')
+    assert_user_error(fastrepro_here(capsys, 'demo', '--profile', 'test', '--data', p, '--out', tmp_path/'o'),
+                      'at least two classes')
 
 
-def test_empty_file(tmp_path):
+def test_empty_file(tmp_path, capsys):
     (tmp_path/'empty.csv').write_text('')
-    assert_user_error(demo('--profile', 'test', '--data', tmp_path/'empty.csv', '--out', tmp_path/'o'), 'is empty')
+    assert_user_error(fastrepro_here(capsys, 'demo', '--profile', 'test', '--data', tmp_path/'empty.csv', '--out',
+                                     tmp_path/'o'), 'is empty')
 
 
-def test_header_only(tmp_path):
+def test_header_only(tmp_path, capsys):
     (tmp_path/'header.csv').write_text('text,label\n')
-    assert_user_error(demo('--profile', 'test', '--data', tmp_path/'header.csv', '--out', tmp_path/'o'),
-                      'no row with both')
+    assert_user_error(fastrepro_here(capsys, 'demo', '--profile', 'test', '--data', tmp_path/'header.csv', '--out',
+                                     tmp_path/'o'), 'no row with both')
 
 
-def test_unreadable(tmp_path):
+def test_unreadable(tmp_path, capsys):
     (tmp_path/'binary.csv').write_bytes(bytes(range(256)) * 8)
-    assert_user_error(demo('--profile', 'test', '--data', tmp_path/'binary.csv', '--out', tmp_path/'o'),
-                      'cannot be read as a CSV')
-    assert_user_error(demo('--profile', 'test', '--data', tmp_path/'nowhere.csv', '--out', tmp_path/'o'),
-                      'no such file')
+    assert_user_error(fastrepro_here(capsys, 'demo', '--profile', 'test', '--data', tmp_path/'binary.csv', '--out',
+                                     tmp_path/'o'), 'cannot be read as a CSV')
+    assert_user_error(fastrepro_here(capsys, 'demo', '--profile', 'test', '--data', tmp_path/'nowhere.csv', '--out',
+                                     tmp_path/'o'), 'no such file')
 
 
-def test_bad_split(csv, tmp_path):
+def test_bad_split(csv, tmp_path, capsys):
     p = csv('split.csv', lambda df: df.assign(is_valid='sometimes'))
-    assert_user_error(demo('--profile', 'test', '--data', p, '--out', tmp_path/'o'), "'is_valid' must be True/False")
+    assert_user_error(fastrepro_here(capsys, 'demo', '--profile', 'test', '--data', p, '--out', tmp_path/'o'),
+                      "'is_valid' must be True/False")
 
 
-def test_too_little_text(csv, tmp_path):
+def test_too_little_text(csv, tmp_path, capsys):
     p = csv('small.csv', lambda df: df.assign(is_valid=[False]*9 + [True]*3), n=12)
-    assert_user_error(demo('--profile', 'fast', '--data', p, '--out', tmp_path/'o'),
+    assert_user_error(fastrepro_here(capsys, 'demo', '--profile', 'fast', '--data', p, '--out', tmp_path/'o'),
                       'too little text for the fast profile')
 
 
-def test_bad_arguments(tmp_path):
+def test_bad_arguments(tmp_path, capsys):
+    demo = lambda *args: fastrepro_here(capsys, 'demo', *args)
     assert_user_error(demo('--profile', 'huge', '--out', tmp_path/'o'), "Unknown profile 'huge'")
     assert_user_error(demo('--profile', 'test', '--seeds', '1', '--out', tmp_path/'o'), 'at least 2')
     assert_user_error(demo('--profile', 'test', '--workers', '-1', '--out', tmp_path/'o'), 'workers=-1')
