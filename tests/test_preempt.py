@@ -5,8 +5,8 @@ exits with status 143) and resumed in another process (another \
 global seed, stray draws, `one_batch` and `lr_find` before
 the fit, `learn.load` and the `start_epoch` that `checkpoint_info` reports) ends bit-identical to the uninterrupted run:
 the sha256 of every parameter and buffer, every per-batch loss and parameter norm, the Recorder's values, and in fp16
-every loss-scale row (`same_run`). Also: 2 DataLoader workers, killed twice in one epoch, fastai's trackers, and a
-three-fit ULMFiT script killed inside its second fit and rerun with `autoresume=True`."""
+every loss-scale row (`same_run`). Also: one run stopped four times (twice in one epoch), 2 DataLoader workers, fastai's
+trackers, and a three-fit ULMFiT script killed inside its second fit and rerun with `autoresume=True`."""
 import signal
 import pytest, torch
 from fastrepro.demo.jobs import Job, job_process, job_error, BEST
@@ -43,14 +43,18 @@ def check_same(job, ref, name):
     assert ok, f"{name}: {why}"
 
 
+def position(it:int, n_iter:int) -> tuple:
+    "(epoch, batches done, iteration) of a stop after training iteration `it` (an epoch's last: before its validation)"
+    epoch, batch = divmod(it, n_iter) if it % n_iter else (it//n_iter - 1, n_iter)
+    return epoch, batch, it
+
+
 def preempt_and_resume(job, ref, it, sig, name):
     "Stop the job at training iteration `it` with `sig`, resume it in a fresh process, compare with `ref`"
     spec = job.write()
     run(spec, 'preempt', stopped(sig), kill=(it, sig))
-    info, n_iter = checkpoint_info(job.path/'models'/'checkpoint.pth'), len(ref.trace)//N_EPOCH
-    # an epoch's last batch: before its validation
-    epoch, batch = divmod(it, n_iter) if it % n_iter else (it//n_iter - 1, n_iter)
-    assert (info['start_epoch'], info['batch'], info['iteration']) == (epoch, batch, it), (info, it)
+    info = checkpoint_info(job.path/'models'/'checkpoint.pth')
+    assert (info['start_epoch'], info['batch'], info['iteration']) == position(it, len(ref.trace)//N_EPOCH), (info, it)
     run(spec, 'resume', checkpoint='checkpoint', record=name)
     check_same(job, ref, name)
 
@@ -64,13 +68,24 @@ def lm_ref(texts, tmp_path_factory):
 
 
 def test_lm_resumes_inside_an_epoch(lm_ref, tmp_path):
-    "The language model carries AWD-LSTM's hidden state from batch to batch: it travels in the checkpoint"
+    ("The language model carries AWD-LSTM's hidden state from batch to batch: it travels in the checkpoint. One run "
+     "stopped four times, each time continued by a fresh process that the next stop ends: after the first batch, after "
+     "an epoch's last batch (before its validation), and twice inside epoch 1, by SIGTERM and then by SIGKILL right "
+     "after a later periodic checkpoint; the last process ends the run, bit-identical to the uninterrupted one")
     job, ref = lm_ref
     n_iter = len(ref.trace)//N_EPOCH
     job = Job('lm', job.df, tmp_path, stages=job.stages, every_iters=EVERY)
-    cases = [(1, signal.SIGTERM), (n_iter, signal.SIGTERM), (n_iter + n_iter//2, signal.SIGTERM),
-             (EVERY*((n_iter + n_iter//2)//EVERY), signal.SIGKILL)]  # first batch, epoch's last, middles of epoch 1
-    for it, sig in cases: preempt_and_resume(job, ref, it, sig, f'lm-{it}-{sig}.pt')
+    spec, middle = job.write(), n_iter + n_iter//2
+    stops = [(1, signal.SIGTERM), (n_iter, signal.SIGTERM), (middle, signal.SIGTERM),
+             (EVERY*(middle//EVERY + 1), signal.SIGKILL)]  # the periodic checkpoint after the middle one's
+    assert stops[-1][0] < 2*n_iter  # still in epoch 1
+    for k, (it, sig) in enumerate(stops):
+        if k == 0: run(spec, 'preempt', stopped(sig), kill=(it, sig))
+        else: run(spec, 'resume', stopped(sig), checkpoint='checkpoint', kill=(it, sig))
+        info = checkpoint_info(job.path/'models'/'checkpoint.pth')
+        assert (info['start_epoch'], info['batch'], info['iteration']) == position(it, n_iter), (info, it)
+    run(spec, 'resume', checkpoint='checkpoint', record='lm.pt')
+    check_same(job, ref, 'lm.pt')
 
 
 def test_with_two_workers(lm_ref, tmp_path):
@@ -78,20 +93,6 @@ def test_with_two_workers(lm_ref, tmp_path):
     ref_job, ref = lm_ref
     job = Job('lm', ref_job.df, tmp_path, stages=ref_job.stages, every_iters=EVERY, num_workers=2)
     preempt_and_resume(job, ref, len(ref.trace)//N_EPOCH + 2, signal.SIGTERM, 'workers.pt')
-
-
-def test_killed_twice_in_one_epoch(lm_ref, tmp_path):
-    ref_job, ref = lm_ref
-    n_iter = len(ref.trace)//N_EPOCH
-    job = Job('lm', ref_job.df, tmp_path, stages=ref_job.stages, every_iters=EVERY)
-    spec = job.write()
-    second = EVERY*((n_iter + 1)//EVERY + 1)  # a periodic checkpoint later in the same epoch
-    assert n_iter + 1 < second < 2*n_iter
-    run(spec, 'preempt', stopped(signal.SIGTERM), kill=(n_iter + 1, signal.SIGTERM))
-    run(spec, 'resume', stopped(signal.SIGKILL), checkpoint='checkpoint', kill=(second, signal.SIGKILL))
-    assert checkpoint_info(job.path/'models'/'checkpoint.pth')['iteration'] == second
-    run(spec, 'resume', checkpoint='checkpoint', record='twice.pt')
-    check_same(job, ref, 'twice.pt')
 
 
 def test_classifier_resumes_inside_an_epoch(lm_ref, texts, tmp_path):
