@@ -20,6 +20,7 @@ from fastrepro.ledger import Ledger
 RUN_TIMEOUT_S = 300  # one training process: a fastai import (about 5 s) and a few tiny fits; a hang is a failure
 POLL_S = 0.2  # how often the kill test looks for the worktree
 NUDGE_FIT, NUDGE_ITER = 1, 2  # where TRAIN_NUDGE (read by the script, not recorded) scales the gradient
+TWO_THREADS = {'OMP_NUM_THREADS': '2', 'MKL_NUM_THREADS': '2'}  # torch reads the second over the first
 
 TRAIN = '''"Two learners (a language model, then a classifier fitted three times) as a fastai user's script"
 import os
@@ -121,9 +122,8 @@ def test_reproduced_bit_for_bit_after_the_checkout_moved_on(trained, tmp_path, c
 def test_another_thread_count_parts_at_the_first_iteration(trained, tmp_path, monkeypatch):
     root, ckpt = trained
     monkeypatch.setenv('PYTHONPATH', str(ROOT))
-    two = {'OMP_NUM_THREADS': '2', 'MKL_NUM_THREADS': '2'}  # torch reads the second over the first
-    r = reproduce(ckpt, tmp_path/'out', env=two, show=False)
-    if _threads(two) < 2:  # torch takes no more threads than CPUs: 1 again, as predicted
+    r = reproduce(ckpt, tmp_path/'out', env=TWO_THREADS, show=False)
+    if _threads(TWO_THREADS) < 2:  # torch takes no more threads than CPUs: 1 again, as predicted
         assert (r.exit_code, r.prediction) == (0, 'bit-identical expected'), (r.verdict, r.prediction)
         pytest.skip('torch runs one thread here whatever OMP_NUM_THREADS asks: no other thread count to part with')
     # `c` starts at 0: the first loss is the same, the first step of `c` (the gradient holds the mean) is not
@@ -147,10 +147,9 @@ def test_a_variable_the_record_does_not_hold_parts_where_the_script_reads_it(tra
     # the gradient of iteration 2 changes: the loss of iteration 3 is the first that differs
     assert r.parts == dict(fit=NUDGE_FIT, epoch=0, iter=NUDGE_ITER + 1, quantity='loss'), r.verdict
     assert 'no recorded difference of the environment explains it' in r.verdict and r.env_after == []
-    two = {'OMP_NUM_THREADS': '2', 'MKL_NUM_THREADS': '2'}
-    if _threads(two) > 1:  # another thread count is possible here
+    if _threads(TWO_THREADS) > 1:  # another thread count is possible here
         with pytest.raises(Exception, match='strict: other bits expected because num_threads'):
-            reproduce(ckpt, tmp_path/'strict', env=two, strict=True, show=False)
+            reproduce(ckpt, tmp_path/'strict', env=TWO_THREADS, strict=True, show=False)
 
 
 def test_segments_verified_side_by_side_on_a_process_pool(trained, tmp_path, monkeypatch):
