@@ -6,7 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/data.html.md"""
 
 # %% ../nbs/05_data.ipynb #3461f3f2
 from __future__ import annotations
-import random, itertools, hashlib
+import random, itertools, hashlib, warnings
 from dataclasses import dataclass
 from contextlib import contextmanager, nullcontext
 import numpy as np, torch
@@ -16,10 +16,11 @@ from fastai.data.load import DataLoader
 from .rng import derive_seed, NUMPY_SEED_MOD
 
 # %% auto #0
-__all__ = ['SHUFFLE_STREAM', 'WORKER_STREAM', 'BATCH_STREAM', 'ITEMS_STREAM', 'loader_order', 'set_loader_order', 'loader_orders',
-           'set_loader_orders', 'ServedPass', 'DataStreams', 'data_streams', 'items_draw', 'steps_draw',
-           'make_deterministic', 'undo_deterministic', 'set_epoch', 'draw_order', 'pass_problem', 'pass_position',
-           'resumed_pass_differs']
+__all__ = ['SHUFFLE_STREAM', 'WORKER_STREAM', 'BATCH_STREAM', 'ITEMS_STREAM', 'PROBE_ITEMS', 'PROBE_BS', 'PROBE_START',
+           'LOADER_DIFFERENCES', 'loader_order', 'set_loader_order', 'loader_orders', 'set_loader_orders', 'ServedPass',
+           'DataStreams', 'data_streams', 'items_draw', 'steps_draw', 'make_deterministic', 'undo_deterministic',
+           'set_epoch', 'draw_order', 'pass_problem', 'pass_position', 'resumed_pass_differs', 'FastaiMismatchWarning',
+           'loader_differences', 'foreign_fastai']
 
 # %% ../nbs/05_data.ipynb #b34468fb
 SHUFFLE_STREAM = 'shuffle' # a pass's order: `dl.rng`, and the global generators until the order is drawn
@@ -274,7 +275,7 @@ def _stream_iter(dl, st:DataStreams):
         finally: st.step = None
         mine = mine or st.served
         if b is done: break
-        mine.n += 1
+        if mine is not None: mine.n += 1  # None: a fastai that does not keep the order where we see it
         try: yield b
         except GeneratorExit:  # left before its end: the pass it interrupted is the one served again
             st.served = outer
@@ -421,6 +422,7 @@ def pass_problem(dl) -> str|None:
      "replaced `__iter__` or `sample`, an order that its streams do not make (drawn again, it differs)")
     st, name = data_streams(dl), type(dl).__name__
     if st is None: return f"`{name}` has no data streams (`ReproCB(deterministic_data=False)`)"
+    if LOADER_DIFFERENCES: return foreign_fastai(LOADER_DIFFERENCES)
     if not _base(dl).indexed:
         return (f"`{name}` serves an iterable (not indexed) dataset: its items come one after the other from the "
                 "dataset's iterator, so the batches before would have to be made again")
@@ -460,3 +462,63 @@ def resumed_pass_differs(dl, saved:dict) -> list:
     if saved['order'] is not None and _order_digest(sp) != saved['order']:
         res.append(f"the pass's order (digest {_order_digest(sp)}) is not the interrupted pass's ({saved['order']})")
     return res
+
+# %% ../nbs/05_data.ipynb #da7ec162
+PROBE_ITEMS, PROBE_BS, PROBE_START = 12, 3, 2  # the probe's loader: 4 batches of 3 items, a pass resumed at batch 2
+
+class FastaiMismatchWarning(UserWarning):
+    "fastai's `DataLoader` is not the one fastrepro's data streams were written against"
+
+class _ProbeItems:
+    "Item `i`: `i` and a draw from torch's global generator (as a random item transform draws)"
+    def __len__(self): return PROBE_ITEMS
+    def __getitem__(self, i): return torch.tensor([float(i), float(torch.rand(()))])
+
+def _probe_batch(b:Tensor) -> Tensor: return torch.cat([b, torch.rand(len(b), 1)], 1)  # a random `after_batch`
+
+def _probe_pass(dl, epoch:int, start:int=0) -> list:
+    set_epoch(dl, epoch, start)
+    return list(dl)
+
+def _probe_differences() -> list:
+    "What fastai's `DataLoader` does otherwise than the streams rely on"
+    probe = lambda bs: make_deterministic(DataLoader(_ProbeItems(), bs=bs, shuffle=True, after_batch=_probe_batch), 0)
+    dl = probe(PROBE_BS)
+    whole, st = _probe_pass(dl, 0), data_streams(dl)
+    if st.served is None or st.served.order is None:
+        return ["`__iter__` no longer keeps a pass's order as `self.__idxs`, where fastrepro sees and cuts it"]
+    same = lambda a, b: len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+    found = []
+    if [int(i) for i in st.served.order] != [int(i) for i in draw_order(dl, 0)]:
+        found.append("the order a pass serves is not the one `randomize`, `before_iter` and `get_idxs` draw, in that "
+                     "order, under the pass's shuffle stream")
+    if sorted(int(r[0]) for b in whole for r in b) != list(range(PROBE_ITEMS)):
+        found.append("a pass does not serve each item once in the order `sample` reads")
+    if not same(_probe_pass(dl, 0), whole): found.append("the same pass served twice differs")
+    by_item = lambda p: {int(r[0]): float(r[1]) for b in p for r in b}
+    if by_item(_probe_pass(probe(PROBE_BS - 1), 0)) != by_item(whole):  # the same pass, other batches
+        found.append("an item's draws depend on more than its index and the pass: `create_batches` does not make the "
+                     "items one by one from `sample`'s indices")
+    if not same(_probe_pass(dl, 0, PROBE_START), whole[PROBE_START:]):
+        found.append(f"a pass started at batch {PROBE_START} does not serve the rest of the whole pass")
+    return found
+
+def loader_differences() -> list:
+    ("What fastai's `DataLoader` does otherwise than fastrepro's data streams rely on, found by serving a small "
+     "loader: [] on the fastai they were written against. The caller's generators are left as they were")
+    saved = _cpu_states()
+    try: return _probe_differences()
+    except Exception as e: return [f"serving a small loader raised {type(e).__name__}: {e}"]
+    finally: _set_cpu_states(saved)
+
+def foreign_fastai(found:list) -> str:
+    "Why no pass can be resumed in its middle when the probe `found` differences"
+    import fastai
+    return (f"fastai {fastai.__version__}'s `DataLoader` is not the one fastrepro's data streams were written "
+            f"against ({'; '.join(found)}), so fastrepro cannot vouch for the rest of a pass")
+
+LOADER_DIFFERENCES = loader_differences()  # probed once, when fastrepro is imported
+if LOADER_DIFFERENCES:
+    warnings.warn(f"{foreign_fastai(LOADER_DIFFERENCES)}. Checkpoints and resumes inside an epoch are refused; at "
+                  "epoch boundaries they still work. Run `fastrepro selftest` to see what holds on this installation, "
+                  "and report the fastai version.", FastaiMismatchWarning)
