@@ -1,1 +1,6 @@
 __version__ = "0.1.0"
+
+def selftest(**kwargs):
+    "Check fastrepro's guarantees on this installation and hardware (`fastrepro.proof.selftest`); its `Selftest`"
+    from .proof import selftest as run  # imports fastai: only when called
+    return run(**kwargs)

@@ -114,7 +114,7 @@ def write_failure(e:BaseException, # what writing `file` raised
 # %% ../nbs/02_checkpoint.ipynb #b08a1198
 def fastai_safe_globals() -> list:
     "The types fastai's `load_model` allows in a `weights_only` load besides tensors and plain Python values"
-    scalar = getattr(getattr(np, '_core', np.core), 'multiarray').scalar
+    scalar = (np._core if np.lib.NumpyVersion(np.__version__) >= '2.0.0' else np.core).multiarray.scalar  # NumPy 1 too
     return [L, scalar, np.dtype, *[getattr(np.dtypes, dt) for dt in np.dtypes.__all__]]
 
 # %% ../nbs/02_checkpoint.ipynb #79665fad

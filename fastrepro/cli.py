@@ -16,7 +16,7 @@ from .ledger import (Ledger, LedgerError, Spool, SpoolIndex, SPOOL_NAME, spool_a
 # %% auto #0
 __all__ = ['COMMANDS', 'EXIT_USAGE', 'EXIT_REGRESSION', 'LEDGER_ARG', 'COMPARE_NEEDS', 'CLIError', 'arg', 'command', 'parser',
            'main', 'env_command', 'open_ledger', 'sync_spools', 'runs_command', 'compare_command', 'diff_command',
-           'reproduce_command', 'demo_command']
+           'reproduce_command', 'demo_command', 'selftest_command']
 
 # %% ../nbs/14_cli.ipynb #37049b5c
 COMMANDS = {}  # subcommand name -> (function, arguments)
@@ -275,6 +275,26 @@ def demo_command(args):
         warnings.simplefilter('ignore', FutureWarning)
         from fastrepro.demo.run import run_demo  # imports torch and fastai: only for this command
     return run_demo(args.profile, n_seeds=args.seeds, data=args.data, out=args.out, workers=args.workers)
+
+# %% ../nbs/14_cli.ipynb #2a10c9ff
+@command('selftest', arg('--ledger', nargs='?', const=True, metavar='PATH|URL',
+                         help=f'also record the result in the ledger: a file, or a postgresql:// URL (with no '
+                              f'value: ${LEDGER_ENV}, else ~/.fastrepro/ledger.db)'),
+         arg('--timeout', type=float, default=600, metavar='S',
+             help='the longest one of its two check processes may run (default: 600 s)'),
+         arg('--tmp', metavar='DIR', help="the folder its temporary folder is made in (default: the system's)"))
+def selftest_command(args):
+    ("Check fastrepro's guarantees on this installation and hardware (same seed same bits, resume at an epoch "
+     "boundary and inside one, DataLoader workers, mixed precision) in about a minute, before a long job")
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', FutureWarning)  # deprecation notices of fastai's own imports
+        from fastrepro.proof import selftest, SelftestError, EXIT_FAILED, EXIT_CANNOT_RUN  # imports fastai
+    try: res = selftest(ledger=args.ledger, tmp=args.tmp, timeout=args.timeout)
+    except SelftestError as e:
+        print(f"fastrepro selftest could not run: {e}", file=sys.stderr)
+        return EXIT_CANNOT_RUN
+    print(res)
+    return 0 if res.passed else EXIT_FAILED
 
 # %% ../nbs/14_cli.ipynb #3a627a64
 if __name__ == '__main__': sys.exit(main())

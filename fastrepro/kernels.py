@@ -16,8 +16,9 @@ from .portable import (DETERMINISTIC_ENV, PORTABLE_ISA, PORTABLE_THREADS, PORTAB
 # %% auto #0
 __all__ = ['CUBLAS_WORKSPACE', 'FILL_UNINITIALIZED', 'MKL_CBWR_ALL', 'MKL_CBWR_STRICT', 'MKL_CBWR_CHANGE_FAILED',
            'MKL_CBWR_BRANCHES', 'ATEN_ISA_FLAGS', 'torch_mkl', 'mkl_cbwr', 'set_mkl_reproducible', 'set_mkl_cbwr',
-           'deterministic_switches', 'set_switches', 'set_deterministic', 'portable_threads', 'portable_problems',
-           'set_portable', 'restore_portable', 'same_kernels_env', 'cpuinfo', 'cpu_runs', 'take_kernels', 'FitSwitches']
+           'deterministic_switches', 'set_switches', 'set_deterministic', 'portable_threads', 'aten_capability',
+           'portable_problems', 'set_portable', 'restore_portable', 'same_kernels_env', 'cpuinfo', 'cpu_runs',
+           'take_kernels', 'FitSwitches']
 
 # %% ../nbs/01b_kernels.ipynb #0528e788
 CUBLAS_WORKSPACE = ':4096:8'  # the cuBLAS workspace setting PyTorch documents for deterministic results
@@ -140,11 +141,16 @@ def portable_threads() -> int:
     "The thread count of a portable run: the launcher's `--threads`, else `PORTABLE_THREADS`"
     return int(os.environ.get(PORTABLE_THREADS_VAR, PORTABLE_THREADS))
 
+def aten_capability() -> str:
+    "The CPU kernels torch runs, as `ATEN_CPU_CAPABILITY` names them: 'DEFAULT', 'AVX2', 'AVX512'"
+    cap = torch.backends.cpu.get_cpu_capability()
+    return 'DEFAULT' if cap == 'NO AVX' else cap  # torch 2.5 names the default kernels 'NO AVX'
+
 def portable_problems(threads:int|None=None, # the portable thread count (default `portable_threads()`)
                      ) -> dict:
     "What is not pinned to portable kernels in this process, as {what: why}; empty when everything is"
     threads, res = threads or portable_threads(), {}
-    cap = torch.backends.cpu.get_cpu_capability()
+    cap = aten_capability()
     if cap != 'DEFAULT':
         res['ATEN_CPU_CAPABILITY'] = f"torch runs its {cap} kernels: ATEN_CPU_CAPABILITY=default came too late"
     if torch_mkl() is not None and mkl_cbwr() != 'COMPATIBLE':
@@ -185,7 +191,7 @@ def same_kernels_env() -> dict:
     "The environment that makes a new process pick this one's CPU kernels: torch's instruction set and MKL's code path"
     set_mkl_reproducible()  # CNR `AUTO` here too, unless MKL ran already or the environment chose a mode
     # torch's instruction set: this process's (chosen now if no kernel ran yet)
-    env = {'ATEN_CPU_CAPABILITY': torch.backends.cpu.get_cpu_capability().lower()}
+    env = {'ATEN_CPU_CAPABILITY': aten_capability().lower()}
     mode = mkl_cbwr()
     if mode is not None: env['MKL_CBWR'] = '' if mode == 'OFF' else mode
     return env

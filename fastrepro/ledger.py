@@ -16,7 +16,7 @@ from .stats import compare, CompareResult, ComparisonWarning
 
 # %% auto #0
 __all__ = ['LEDGER_ENV', 'DEFAULT_LEDGER', 'SERVER_SCHEMES', 'SCHEMA_VERSION', 'SCHEMA', 'MIGRATIONS', 'FIELDS', 'JSON_FIELDS',
-           'VALUE_FIELDS', 'TIME_FIELDS', 'REPRODUCTION', 'STATUSES', 'BUSY_TIMEOUT_S', 'CONNECT_TIMEOUT_S',
+           'VALUE_FIELDS', 'TIME_FIELDS', 'REPRODUCTION', 'SELFTEST', 'STATUSES', 'BUSY_TIMEOUT_S', 'CONNECT_TIMEOUT_S',
            'MAX_RETRIES', 'RETRY_WAIT_S', 'SCHEMA_LOCK', 'RECORD_TIMEOUT_S', 'SPOOL_NAME', 'SPOOLS_ENV', 'PG_BIN_GLOB',
            'PG_START_TIMEOUT_S', 'PG_PORT_TRIES', 'ledger_address', 'LedgerError', 'metrics_frame', 'metric_column',
            'SQLiteDB', 'PostgresDB', 'spool_address', 'LedgerWarning', 'Spool', 'spools_folder', 'SpoolIndex', 'Ledger',
@@ -57,7 +57,8 @@ JSON_FIELDS = ('git', 'env', 'hyperparameters', 'tags', 'metrics', 'entry', 'tra
 VALUE_FIELDS = ('metric_version', 'data_fingerprint')  # any JSON value, stored with its type and filterable
 TIME_FIELDS = ('started', 'finished')
 REPRODUCTION = 'reproduction'  # the status of a `reproduce` verdict on another run (`tags['reproduces']`)
-STATUSES = ('running', 'completed', 'failed', 'interrupted', REPRODUCTION)
+SELFTEST = 'selftest'  # the status of a `fastrepro selftest --ledger` result: which stacks were proven
+STATUSES = ('running', 'completed', 'failed', 'interrupted', REPRODUCTION, SELFTEST)
 
 # %% ../nbs/11_ledger.ipynb #2ccd76cd
 class LedgerError(ValueError):

@@ -13,7 +13,7 @@ from pathlib import Path
 from fastcore.basics import *
 import fastrepro
 from .portable import DETERMINISTIC_ENV, PORTABLE_ISA, PORTABLE_THREADS_VAR
-from .kernels import deterministic_switches, mkl_cbwr, torch_mkl, cpuinfo
+from .kernels import deterministic_switches, mkl_cbwr, torch_mkl, cpuinfo, aten_capability
 from .core import digest
 from .distrib import all_gather
 
@@ -371,7 +371,7 @@ def numeric_switches() -> dict:
 def cpu_kernels() -> dict:
     "The CPU kernels this process runs: torch's instruction set, MKL's CNR code path, oneDNN's ISA limit or 'off'"
     mkl = torch_mkl()
-    return dict(aten=torch.backends.cpu.get_cpu_capability(), mkl_cbwr=mkl_cbwr(),
+    return dict(aten=aten_capability(), mkl_cbwr=mkl_cbwr(),
                 mkl_intel_cpu=None if mkl is None else bool(mkl.mkl_serv_intel_cpu()),  # MKL's branches are Intel-only
                 mkl_instructions=os.environ.get('MKL_ENABLE_INSTRUCTIONS'),
                 onednn=os.environ.get('ONEDNN_MAX_CPU_ISA', 'native') if torch.backends.mkldnn.enabled else 'off')

@@ -1,0 +1,70 @@
+"""`fastrepro selftest` as a user runs it, each in its own process: it passes on this installation (and records its
+result in a ledger with `--ledger`), it fails naming the checks when one of fastrepro's data patches is undone (a
+`sitecustomize` puts fastai's own `DataLoader.create_batches` back in every process the selftest starts), and it says
+in one line, exit 2, that it cannot run where it cannot write its temporary folder (`--tmp`), leaving nothing behind."""
+import os, re
+import pytest
+from pathlib import Path
+from fastrepro.ledger import Ledger, SELFTEST
+from conftest import fastrepro_cli as fastrepro
+
+HANG_S = 900  # stops a hang: the selftest takes about 40 s on 2 quiet cores, and bounds each check process itself
+
+UNDO_PATCH = '''
+from fastai.data.load import DataLoader
+import fastrepro.data
+DataLoader.{0} = fastrepro.data._fastai['{0}']  # fastai's own method, in every process the selftest starts
+'''
+# what each undone patch breaks: fastai's `__iter__` serves a resumed pass whole (and the guard's probe sees it);
+# fastai's `create_batches` makes items without their streams, so a worker's draws are not the main process's
+# (which checks may fail, what the TfmdDL's failed line says: where the runs part, or the resume refused)
+BREAKS = {'__iter__': ('resume', r'the runs part at fit 0, epoch \d+, iteration \d+|after batch \d+'),
+          'create_batches': ('DataLoader workers', r'the runs part at fit 0, epoch \d+, iteration \d+')}
+
+
+def checks(out:str) -> dict:
+    "The check lines of the selftest's output: name -> status"
+    return {m[2]: m[1] for m in re.finditer(r'^(passed|failed|skipped)  +(.+?)(?:: |$)', out, re.M)}
+
+
+def test_selftest_passes_and_records(tmp_path):
+    res = fastrepro('selftest', '--ledger', tmp_path/'ledger.db', cwd=tmp_path, timeout=HANG_S)
+    assert res.returncode == 0, res.stdout + res.stderr
+    found = checks(res.stdout)
+    assert len(found) == 19 and set(found.values()) == {'passed', 'skipped'}, res.stdout
+    assert [n for n, s in found.items() if s == 'skipped'] == [n for n in found if n.startswith('CUDA')]
+    seconds = int(re.search(r"guarantees hold on this stack \(17 passed, 0 failed, 2 skipped, in (\d+) s\)",
+                            res.stdout)[1])
+    assert 0 < seconds < HANG_S
+    assert 'stack: fastrepro' in res.stdout and 'kernels: ATen' in res.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['ledger.db']  # nothing else where it ran
+    run = Ledger(tmp_path/'ledger.db').runs().iloc[0]
+    assert (run.experiment, run.status, run.variant) == ('fastrepro selftest', SELFTEST, 'passed')
+    assert run.tags['checks'] == found and run.tags['stack']['fastai'] == run.env['fastai']
+    assert abs(run.duration - seconds) <= 0.5  # the printed time is the recorded one, rounded
+
+
+@pytest.mark.parametrize('patch', list(BREAKS))
+def test_selftest_fails_without_a_data_patch(tmp_path, patch):
+    (tmp_path/'site').mkdir()
+    (tmp_path/'site'/'sitecustomize.py').write_text(UNDO_PATCH.format(patch))
+    env = dict(PYTHONPATH=os.pathsep.join([str(tmp_path/'site'), str(Path(__file__).resolve().parents[1])]))
+    res = fastrepro('selftest', cwd=tmp_path, timeout=HANG_S, **env)
+    assert res.returncode == 1, res.stdout + res.stderr
+    found = checks(res.stdout)
+    assert len(found) == 19, res.stdout
+    failed = [n for n, s in found.items() if s == 'failed']
+    checks_hit, where = BREAKS[patch]
+    assert failed and all(checks_hit in n or n.startswith("fastai's DataLoader") for n in failed), res.stdout
+    assert all(found[n] == 'passed' for n in found if 'same seed twice' in n), res.stdout
+    assert re.search(rf"^failed +.*{checks_hit}.*TfmdDL.*\): .*({where})", res.stdout, re.M), res.stdout
+    assert 'do NOT all hold' in res.stdout and 'train without checkpoints inside epochs' in res.stdout
+
+
+def test_selftest_cannot_write_its_folder(tmp_path):
+    res = fastrepro('selftest', '--tmp', tmp_path/'missing', cwd=tmp_path, timeout=HANG_S)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stderr.strip().splitlines() == [l for l in res.stderr.strip().splitlines()
+                                               if l.startswith('fastrepro selftest could not run: ')][-1:]
+    assert f"cannot write its temporary folder in {tmp_path/'missing'}" in res.stderr, res.stderr
+    assert not list(tmp_path.iterdir())
