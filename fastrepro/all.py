@@ -16,7 +16,7 @@ from .kernels import set_deterministic, deterministic_switches, set_switches
 from .kernels import set_portable, restore_portable, portable_problems
 from .checkpoint import CheckpointError, ResumeError, checkpoint_info, read_checkpoint, atomic_torch_save
 from .checkpoint import checkpoint_summary, checkpoint_upgrade, CheckpointWriteError
-from .callback import ReproCB, FitRecord
+from .callback import ReproCB, FitRecord, UnseededStartWarning
 from .preempt import CheckpointCB
 from .data import make_deterministic, undo_deterministic, set_epoch, pass_problem
 from .data import loader_differences, FastaiMismatchWarning

@@ -13,14 +13,14 @@ from fastai.basics import *
 from fastai.callback.tracker import TrackerCallback
 from fastai.callback.training import GradientAccumulation
 from .core import *
-from .rng import derive_seed, seed_global, rng_states
+from .rng import derive_seed, seed_global, rng_states, torch_seeded
 from .kernels import FitSwitches
 from .checkpoint import *
 from .resume import Position, ResumePlan, inside_state, inside_problem
 from .data import make_deterministic, undo_deterministic, set_epoch, loader_orders
 from .distrib import world_size
 from .audit import audit_fit, audit_resume, Findings
-from .trace import Trace, TRACE_EVERY
+from .trace import Trace, TRACE_EVERY, INITIAL_WEIGHTS, state_digest
 from .provenance import (run_provenance, environment_info, git_info, pack_git, unpack_git, pack_entry,
                                   unpack_entry, check_ranks_agree)
 from .ledger import (Ledger, Spool, SPOOL_NAME, RECORD_TIMEOUT_S, spool_address, LedgerWarning, _one_line,
@@ -28,8 +28,8 @@ from .ledger import (Ledger, Spool, SPOOL_NAME, RECORD_TIMEOUT_S, spool_address,
 from .trackers import FitTrackers
 
 # %% auto #0
-__all__ = ['SEED_DRAW_BITS', 'LOSS_NAMES', 'DEFAULT_EXPERIMENT', 'fit_metrics', 'FitRecord', 'FitProvenance', 'ReproCB',
-           'repro_state']
+__all__ = ['SEED_DRAW_BITS', 'LOSS_NAMES', 'DEFAULT_EXPERIMENT', 'UNSEEDED_START', 'fit_metrics', 'FitRecord', 'FitProvenance',
+           'UnseededStartWarning', 'FitStart', 'ReproCB', 'repro_state']
 
 # %% ../nbs/03_callback.ipynb #7e6d10e3
 SEED_DRAW_BITS = 31    # seeds drawn when none is given: short enough to type back
@@ -66,6 +66,7 @@ class FitRecord:
 
     def start(self, learn, seed:int, fit:int, start_epoch:int, prov:dict,
               resumed:str|int|None=None, # the interrupted fit's record: its key (its id in a format-3 checkpoint)
+              initial_weights:str|None=None, # `state_digest` of the weights the run started from
              ):
         "Add the record of a fit; resuming, mark the interrupted fit's record running again"
         if self.ledger is None or rank_distrib(): return  # one record per fit: rank 0's
@@ -85,7 +86,7 @@ class FitRecord:
         self.earlier, self.fields = 0., dict(
             experiment=self.experiment or DEFAULT_EXPERIMENT, variant=self.variant, seed=seed, hyperparameters=hp,
             tags=self.tags, metric_version=self.metric_version, data_fingerprint=data_fingerprint(learn.dls),
-            status='running', started=self.started, **prov)
+            initial_weights=initial_weights, status='running', started=self.started, **prov)
         self._write()
 
     def end(self, learn,
@@ -212,6 +213,45 @@ class FitProvenance:
         return dict(env=self.env or environment_info(), git=pack_git(self.git), entry=pack_entry(self.entry),
                     device=self.device)
 
+# %% ../nbs/03_callback.ipynb #dc189b24
+class UnseededStartWarning(UserWarning):
+    "The learner was built from generators no seed had set: its initial weights differ from run to run"
+
+UNSEEDED_START = ("ReproCB: this learner was built before any seed was set, so its initial weights (and a random "
+                  "split of its data) differ from run to run; call `seed_everything(seed)` (fastrepro.rng) or "
+                  "fastai's `set_seed(seed)` before building the DataLoaders and the Learner.")
+
+def _param_norms(model) -> Tensor:
+    "Each parameter's norm, in one fused call"
+    ps = [p.detach() for p in model.parameters()]
+    return torch.stack(torch._foreach_norm(ps)).float().cpu() if ps else torch.zeros(0)
+
+class FitStart:
+    ("The weights a run starts from: drawn by an unseeded generator or not (said once, at the first fit, unless "
+     "every parameter was loaded since: a pretrained model), and their digest")
+    def __init__(self): self.unseeded = self.created_norms = None  # known when the learner was created with ReproCB
+
+    def created(self, learn:Learner):
+        "At the learner's creation: were its weights drawn before any seed was set?"
+        self.unseeded = not torch_seeded()
+        self.created_norms = _param_norms(learn.model) if self.unseeded else None
+
+    def initial_weights(self, learn:Learner, trace:Trace, loaded:dict|None) -> str|None:
+        ("The digest of the weights the run started from: its trace's, the loaded checkpoint's (None: a checkpoint "
+         "of format 4 or older), else taken now, at its first fit, with the warning when they were drawn unseeded")
+        if trace.initial is not None: return trace.initial
+        if loaded is not None: return loaded['trace'].get(INITIAL_WEIGHTS)
+        unseeded = not torch_seeded() if self.unseeded is None else self.unseeded
+        if unseeded and not self._all_loaded(learn): warnings.warn(UNSEEDED_START, UnseededStartWarning)
+        self.unseeded = self.created_norms = None
+        return state_digest(learn.model)
+
+    def _all_loaded(self, learn:Learner) -> bool:
+        "Was every parameter replaced since the learner was created (pretrained weights, a checkpoint loaded)?"
+        if self.created_norms is None: return False
+        now = _param_norms(learn.model)
+        return now.shape == self.created_norms.shape and bool((now != self.created_norms).all())
+
 # %% ../nbs/03_callback.ipynb #fd06b9d9
 def _rank_stream(rank_streams:bool=True) -> tuple:
     "The stream coordinate of this process's rank: none for rank 0 (a single process), or with `rank_streams` off"
@@ -251,10 +291,13 @@ class ReproCB(Callback):
         self.provenance = FitProvenance(repo_path, allow_dirty, allow_cudnn_rnn_dropout)
         self.record = ledger if isinstance(ledger, FitRecord) else FitRecord(ledger)
         self.trackers = FitTrackers()  # the fit's TensorBoard, W&B, MLflow and CSV logs (`fastrepro.trackers`)
+        self.start = FitStart()  # the weights the run starts from
         self.position, self.plan = Position(), None  # where the run stands; the running fit's resume plan
         self.pending = None  # a loaded checkpoint's state, until the next fit takes it
         self.active = self.cancelled = False
         self._train_end = None  # the generator states when the epoch's training ended (for a checkpoint in validation)
+
+    def after_create(self): self.start.created(self.learn)
 
     def before_fit(self):
         self.active = training_fit(self.learn)
@@ -270,10 +313,11 @@ class ReproCB(Callback):
         if self.deterministic_data:
             make_deterministic(self.dls, derive_seed(self.seed, 'data'), per_item=self.per_item, rank=rank_distrib())
         self.plan.check_loader(self.dls.train)
+        self.trace.initial = self.start.initial_weights(self.learn, self.trace, self.plan.state)  # before any seeding
         if self.plan.epoch == 0:
             seed_global(derive_seed(self.seed, self.position.fit, 'fit', *_rank_stream(self.rank_streams)))
         self.record.start(self.learn, self.seed, self.position.fit, self.plan.epoch, self.provenance.prov,
-                          resumed=(self.plan.resumed or {}).get('ledger_run'))
+                          resumed=(self.plan.resumed or {}).get('ledger_run'), initial_weights=self.trace.initial)
         self.trackers.start(self.learn, self.seed, self.provenance.prov, self.record,
                             (self.plan.resumed or {}).get('trackers'))
 

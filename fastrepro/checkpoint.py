@@ -27,7 +27,7 @@ __all__ = ['STATE_KEY', 'FORMAT_VERSION', 'TMP_PREFIX', 'DURABLE', 'CheckpointEr
 
 # %% ../nbs/02_checkpoint.ipynb #f299278a
 STATE_KEY = '__fastrepro__'   # where fastrepro's state lives inside the optimizer entry
-FORMAT_VERSION = 4            # the checkpoint layout; a change bumps it, and older ones keep loading (`upgrade_state`)
+FORMAT_VERSION = 5            # the checkpoint layout; a change bumps it, and older ones keep loading (`upgrade_state`)
 
 # %% ../nbs/02_checkpoint.ipynb #e0329bf7
 class CheckpointError(RuntimeError):
@@ -476,4 +476,5 @@ def _same_layout(extra:dict) -> dict:
     "The next format's layout is this one's: only callbacks' states changed (they convert their own)"
     return {**extra, 'format': extra['format'] + 1}
 
-_FORMAT_UPGRADES = {1: _from_v1, 2: _same_layout, 3: _same_layout}  # format -> function(state) -> the next format's
+# format -> function(state) -> the next format's
+_FORMAT_UPGRADES = {1: _from_v1, 2: _same_layout, 3: _same_layout, 4: _same_layout}

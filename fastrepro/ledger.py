@@ -33,12 +33,12 @@ def ledger_address(address=None) -> Path|str:
     return a if isinstance(a, str) and a.startswith(SERVER_SCHEMES) else Path(a).expanduser()
 
 # %% ../nbs/11_ledger.ipynb #0e821f92
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SCHEMA = [  # a ledger of version SCHEMA_VERSION; JSON fields and `metric_version`, `data_fingerprint` as JSON text
     '''CREATE TABLE runs (id {id}, experiment TEXT NOT NULL, variant TEXT, seed BIGINT, "commit" TEXT,
        dirty INTEGER, patch TEXT, git TEXT, env_hash TEXT, env TEXT, hyperparameters TEXT, tags TEXT, metrics TEXT,
        metric_version TEXT, data_fingerprint TEXT, status TEXT NOT NULL, started TEXT, finished TEXT,
-       duration DOUBLE PRECISION, notes TEXT, entry TEXT, run_key TEXT, trackers TEXT)''',
+       duration DOUBLE PRECISION, notes TEXT, entry TEXT, run_key TEXT, trackers TEXT, initial_weights TEXT)''',
     'CREATE INDEX runs_experiment_variant ON runs (experiment, variant)',
     'CREATE UNIQUE INDEX runs_run_key ON runs (run_key)',
     'CREATE TABLE ledger_schema (version INTEGER NOT NULL)',
@@ -48,10 +48,11 @@ MIGRATIONS = {  # version v -> the statements that bring a version-v ledger to v
     # spooled record sent twice) updates it; the runs of the fit's trackers
     1: ['ALTER TABLE runs ADD COLUMN entry TEXT', 'ALTER TABLE runs ADD COLUMN run_key TEXT',
         'CREATE UNIQUE INDEX runs_run_key ON runs (run_key)', 'ALTER TABLE runs ADD COLUMN trackers TEXT'],
+    2: ['ALTER TABLE runs ADD COLUMN initial_weights TEXT'],  # 3: the digest of the weights the run started from
 }
 FIELDS = ('experiment', 'variant', 'seed', 'commit', 'dirty', 'patch', 'git', 'env_hash', 'env', 'hyperparameters',
           'tags', 'metrics', 'metric_version', 'data_fingerprint', 'status', 'started', 'finished', 'duration', 'notes',
-          'entry', 'run_key', 'trackers')
+          'entry', 'run_key', 'trackers', 'initial_weights')
 # dicts; select on them in the DataFrame
 JSON_FIELDS = ('git', 'env', 'hyperparameters', 'tags', 'metrics', 'entry', 'trackers')
 VALUE_FIELDS = ('metric_version', 'data_fingerprint')  # any JSON value, stored with its type and filterable

@@ -15,7 +15,7 @@ from fastai.basics import *
 from .core import digest, training_fit
 from .checkpoint import (CheckpointError, read_checkpoint, split_state, upgrade_state, checkpoint_info,
                                   model_signature, data_fingerprint)
-from .trace import trace_frame, first_divergence, plot_losses
+from .trace import trace_frame, first_divergence, plot_losses, BEFORE_TRAINING, INITIAL_WEIGHTS
 from .provenance import ENTRY_ENV, environment_info, env_diff, git_info, write_cells
 from .ledger import Ledger, LedgerError, REPRODUCTION
 from .trackers import note_runs
@@ -386,6 +386,7 @@ def _quantity(name:str, where, d) -> str:
     "The name of what first differs"
     if name != 'trace': return f"{name} ({where})"
     if d.missing: return f"the trace (run {d.missing} has no iteration {d.iter})"
+    if INITIAL_WEIGHTS in d.columns: return 'the initial weights'
     return 'loss' if 'loss' in d.columns else f"the norm of {d.layer}"
 
 def verdict(quantities:dict, position:dict, env_after:list, data:str) -> tuple:
@@ -399,11 +400,14 @@ def verdict(quantities:dict, position:dict, env_after:list, data:str) -> tuple:
                        quantity=_quantity(q, w, None))
     why = _fmt_diffs(env_after)
     if why: because = f"explained by the environment: {why}"
-    elif (parts['fit'], parts['iter']) == (0, 0):
+    elif parts['iter'] == BEFORE_TRAINING or (parts['fit'], parts['iter']) == (0, 0):
         because = ("no recorded difference of the environment explains it: the run starts from other weights or data "
                    "(built before the fit from unseeded generators? call `seed_everything(seed)` before building them)")
     else: because = ("no recorded difference of the environment explains it: the run reads something its record does "
                      "not hold (an environment variable, a file, the clock)")
+    if parts['iter'] == BEFORE_TRAINING:
+        text = f"parts before fit {parts['fit']}'s first iteration, in the initial weights; {because}"
+        return text, parts, EXIT_PARTS
     return (f"parts at fit {parts['fit']}, epoch {parts['epoch']}, iteration {parts['iter']}, first in "
             f"{parts['quantity']}; {because}"), parts, EXIT_PARTS
 

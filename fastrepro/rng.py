@@ -12,7 +12,8 @@ from fastai.basics import *
 from .kernels import set_deterministic, set_portable, deterministic_switches
 
 # %% auto #0
-__all__ = ['SEED_BITS', 'NUMPY_SEED_MOD', 'derive_seed', 'seed_global', 'seed_everything', 'rng_states', 'restore_rng_states']
+__all__ = ['SEED_BITS', 'NUMPY_SEED_MOD', 'SEEDED_BELOW', 'derive_seed', 'seed_global', 'seed_everything', 'torch_seeded',
+           'rng_states', 'restore_rng_states']
 
 # %% ../nbs/01_rng.ipynb #bd454b04
 SEED_BITS = 63       # derived seeds are non-negative and fit torch's int64 seed
@@ -31,6 +32,8 @@ def seed_global(seed:int):
     random.seed(seed)
     np.random.seed(seed % NUMPY_SEED_MOD)
     torch.manual_seed(seed)  # also seeds every CUDA device (lazily when CUDA is not initialised yet)
+    seed_global.last = seed  # `torch_seeded` knows fastrepro's own seeds, whatever their size
+seed_global.last = None
 
 # %% ../nbs/01_rng.ipynb #3a692011
 def seed_everything(seed:int, # seed for every generator
@@ -43,6 +46,14 @@ def seed_everything(seed:int, # seed for every generator
     if deterministic is not None: set_deterministic(deterministic, warn_only=warn_only)
     seed_global(seed)
     return deterministic_switches()
+
+# %% ../nbs/01_rng.ipynb #82d08491
+SEEDED_BELOW = 2**32  # torch's start seed has 64 random bits; the seeds people choose (and NumPy takes) are smaller
+
+def torch_seeded() -> bool:
+    "Was torch's CPU generator seeded in this process (by anyone), rather than left as torch seeds it at start?"
+    s = torch.initial_seed()
+    return s < SEEDED_BELOW or s == seed_global.last
 
 # %% ../nbs/01_rng.ipynb #c50fccb6
 def _pack_u32(words) -> Tensor:

@@ -14,15 +14,17 @@ from fastai.basics import *
 from .checkpoint import atomic_torch_save, read_checkpoint, split_state, upgrade_state
 
 # %% auto #0
-__all__ = ['TRACE_EVERY', 'TRACE_KEYS', 'TRACE_COLUMNS', 'NORM_PREFIX', 'TRACE_FORMAT', 'TRACE_VERSION', 'DIFF_SAME',
-           'DIFF_DIFFER', 'DIFF_UNREADABLE', 'Trace', 'compact_trace', 'expand_segments', 'trace_frame',
-           'compact_frame', 'Divergence', 'first_divergence', 'save_trace', 'load_trace', 'state_digest', 'RunRecord',
-           'same_run', 'plot_losses', 'fastrepro_diff']
+__all__ = ['TRACE_EVERY', 'TRACE_KEYS', 'TRACE_COLUMNS', 'INITIAL_WEIGHTS', 'BEFORE_TRAINING', 'NORM_PREFIX', 'TRACE_FORMAT',
+           'TRACE_VERSION', 'DIFF_SAME', 'DIFF_DIFFER', 'DIFF_UNREADABLE', 'Trace', 'compact_trace', 'expand_segments',
+           'trace_frame', 'compact_frame', 'Divergence', 'first_divergence', 'save_trace', 'load_trace', 'state_digest',
+           'RunRecord', 'same_run', 'plot_losses', 'fastrepro_diff']
 
 # %% ../nbs/09_trace.ipynb #89aeda15
 TRACE_EVERY = 10  # record the parameter norms every N training iterations (0: losses only)
 TRACE_KEYS = ('fit', 'iter')  # the columns that identify a row of a trace
 TRACE_COLUMNS = ('fit', 'epoch', 'iter', 'loss')  # the columns every trace has
+INITIAL_WEIGHTS = 'initial_weights'  # the trace's record (in `DataFrame.attrs`) of the weights its run started from
+BEFORE_TRAINING = -1  # the iteration `first_divergence` gives runs whose initial weights differ
 NORM_PREFIX = 'norm:'  # the parameter-norm columns are named `NORM_PREFIX + parameter name`
 
 def _norm_columns(trace:pd.DataFrame) -> list[str]:
@@ -37,6 +39,7 @@ class Trace:
         self.fit, self.epoch, self.iter, self.loss, self._unflushed = [], [], [], [], []
         self.param_names, self.norm_rows, self.norms = None, [], []
         self.events = []  # `(iteration, what happened)`: faults the run survived, e.g. a checkpoint not written
+        self.initial = None  # `state_digest` of the weights the run's first fit started from
 
     def record(self, fit:int, epoch:int, it:int, loss:Tensor, model:nn.Module):
         "Record iteration `it` (`learn.train_iter`) of epoch `epoch` of fit `fit`, whose training loss is `loss`"
@@ -54,7 +57,8 @@ class Trace:
     def state_dict(self) -> dict:
         "The trace in its compact form (`compact_trace`), built without pandas: checkpoints call this at every save"
         self.flush()
-        d = compact_trace(self.fit, self.epoch, self.iter, self.loss, self.param_names, self.norm_rows, self.norms)
+        d = compact_trace(self.fit, self.epoch, self.iter, self.loss, self.param_names, self.norm_rows, self.norms,
+                          self.initial)
         return {**d, 'events': [list(e) for e in self.events]} if self.events else d
 
     def load_state_dict(self, d:dict):
@@ -63,7 +67,7 @@ class Trace:
         self.loss, self._unflushed, self.param_names = d['loss'].tolist(), [], d.get('param_names')
         # the rows of the norms are stored, so a NaN norm (a diverged run) stays a recorded NaN
         self.norm_rows, self.norms = (d['norm_rows'].tolist(), d['norms'].tolist()) if self.param_names else ([], [])
-        self.events = [tuple(e) for e in d.get('events', [])]
+        self.events, self.initial = [tuple(e) for e in d.get('events', [])], d.get(INITIAL_WEIGHTS)
 
     def note(self, it:int, event:str):
         "Record that `event` happened at iteration `it`"
@@ -87,6 +91,7 @@ def compact_trace(fit, epoch, it, loss, # one value per iteration
                   param_names=None, # the names of the parameters whose norms are recorded
                   norm_rows=(), # the rows (iterations) that have norms
                   norms=(), # one row of norms per `norm_rows` entry
+                  initial_weights:str|None=None, # `state_digest` of the weights the run started from
                  ) -> dict:
     "A run trace in its compact form: tensors, a list of names, nothing else (`torch.load(weights_only=True)` reads it)"
     d = {'segments': torch.from_numpy(_segments(fit, epoch, it)),
@@ -95,6 +100,7 @@ def compact_trace(fit, epoch, it, loss, # one value per iteration
         d.update(param_names=list(param_names),
                  norm_rows=torch.as_tensor(np.asarray(norm_rows, dtype=np.int64).reshape(-1)),
                  norms=torch.from_numpy(np.asarray(norms, dtype=np.float32).reshape(len(norm_rows), len(param_names))))
+    if initial_weights is not None: d[INITIAL_WEIGHTS] = initial_weights
     return d
 
 def expand_segments(segments) -> tuple:
@@ -105,9 +111,10 @@ def expand_segments(segments) -> tuple:
     return np.repeat(seg[:, 0], counts), np.repeat(seg[:, 1], counts), np.repeat(seg[:, 2], counts) + offset
 
 def trace_frame(d:dict) -> pd.DataFrame:
-    "The trace DataFrame of a compact trace"
+    "The trace DataFrame of a compact trace; the digest of the run's initial weights, where recorded, in its `attrs`"
     fit, epoch, it = expand_segments(d['segments'].numpy())
     df = pd.DataFrame({'fit': fit, 'epoch': epoch, 'iter': it, 'loss': d['loss'].numpy().astype(np.float32)})
+    if d.get(INITIAL_WEIGHTS): df.attrs[INITIAL_WEIGHTS] = d[INITIAL_WEIGHTS]
     if d.get('param_names'):
         norms = np.full((len(df), len(d['param_names'])), np.nan, dtype=np.float32)
         norms[d['norm_rows'].numpy()] = d['norms'].numpy()
@@ -136,7 +143,8 @@ def compact_frame(trace:pd.DataFrame) -> dict:
     norms = np.stack([_exact_float32(trace[c], f'column {c}') for c in cols], 1) if cols else np.zeros((len(trace), 0))
     rows = np.flatnonzero(~np.isnan(norms).all(1)) if cols else []
     return compact_trace(trace.fit, trace.epoch, trace.iter, _exact_float32(trace.loss, 'loss column'),
-                         [c[len(NORM_PREFIX):] for c in cols], rows, norms[rows] if cols else [])
+                         [c[len(NORM_PREFIX):] for c in cols], rows, norms[rows] if cols else [],
+                         trace.attrs.get(INITIAL_WEIGHTS))
 
 # %% ../nbs/09_trace.ipynb #0bd5e969
 def _fmt_norm(v:float) -> str: return 'nan (not recorded)' if np.isnan(v) else repr(v)
@@ -155,6 +163,10 @@ class Divergence:
         return next((c[len(NORM_PREFIX):] for c in self.columns if c.startswith(NORM_PREFIX)), None)
 
     def __str__(self):
+        if INITIAL_WEIGHTS in self.columns:
+            a, b = self.values[INITIAL_WEIGHTS]
+            return (f"the initial weights, before fit {self.fit}'s first iteration: sha256 {a[:12]} vs {b[:12]} (a "
+                    "learner built unseeded? call `seed_everything(seed)` before building the data and the learner)")
         where = f"fit {self.fit}, epoch {self.epoch}, iteration {self.iter}"
         if self.missing:
             other = 'B' if self.missing == 'A' else 'A'
@@ -189,8 +201,12 @@ def _differs(a:np.ndarray, b:np.ndarray) -> np.ndarray:
 
 # %% ../nbs/09_trace.ipynb #281711d6
 def _divergence(a:pd.DataFrame, b:pd.DataFrame) -> Divergence|None:
-    "Where traces `a` and `b` part"
+    "Where traces `a` and `b` part: their initial weights, where both record them, then row by row"
+    wa, wb = a.attrs.get(INITIAL_WEIGHTS), b.attrs.get(INITIAL_WEIGHTS)
     a, b = _keyed(a, 'A'), _keyed(b, 'B')
+    if wa and wb and wa != wb:
+        fit, epoch = (int(o) for o in a.reset_index()[['fit', 'epoch']].iloc[0]) if len(a) else (0, 0)
+        return Divergence(fit, epoch, BEFORE_TRAINING, [INITIAL_WEIGHTS], {INITIAL_WEIGHTS: (wa, wb)})
     cols = ['loss'] + [c for c in _norm_columns(a) if c in b.columns]
     idx = a.index.union(b.index).sort_values()
     in_a, in_b = idx.isin(a.index), idx.isin(b.index)
@@ -211,15 +227,15 @@ def _note_divergence(learn:Learner, which:str, d:Divergence|None, trace:pd.DataF
     other = 'B' if which == 'A' else 'A'
     if d is None: text = f"This run ({which}) and run {other} are identical: {len(trace)} iterations compared."
     else: text = f"This run ({which}) and run {other} part at {d}"
-    step = d.iter if d is not None else int(trace.iter.iloc[-1]) if len(trace) else 0
+    step = max(d.iter, 0) if d is not None else int(trace.iter.iloc[-1]) if len(trace) else 0
     learn.repro_cb.trackers.note('first_divergence', text, step)
 
 def first_divergence(trace_a, # a run trace (`learn.repro_trace`), a `Learner` with `ReproCB`, or a `load_trace` path
                      trace_b, # the run to compare with, as the same kinds
                      detail:bool=False, # return a `Divergence` instead of the iteration
                     ) -> int|Divergence|None:
-    ("The first `iter` at which two run traces differ, or None when they never do; with `detail`, a `Divergence`. "
-     "A learner's tracker runs are told the verdict")
+    ("The first `iter` at which two run traces differ (`BEFORE_TRAINING` when their initial weights do), or None "
+     "when they never do; with `detail`, a `Divergence`. A learner's tracker runs are told the verdict")
     a, b = _as_trace(trace_a), _as_trace(trace_b)
     d = _divergence(a, b)
     for which, run, trace in (('A', trace_a, a), ('B', trace_b, b)):
@@ -227,7 +243,7 @@ def first_divergence(trace_a, # a run trace (`learn.repro_trace`), a `Learner` w
     return d if detail or d is None else d.iter
 
 # %% ../nbs/09_trace.ipynb #79df2ab8
-TRACE_FORMAT, TRACE_VERSION = 'fastrepro.trace', 1  # what a trace file says it is
+TRACE_FORMAT, TRACE_VERSION = 'fastrepro.trace', 2  # what a trace file says it is; 2: the initial weights' digest
 
 def save_trace(trace:pd.DataFrame, # a run trace, e.g. `learn.repro_trace`
                path, # the file to write (replaced atomically)
