@@ -7,7 +7,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_CSV = ROOT.parent/'shared'/'data'/'imdb_sample'/'texts.csv'
-CLI_TIMEOUT_S = 120  # a command refused for bad input answers in seconds; training commands pass their own timeout
+HANG_FACTOR, HANG_MIN_S = 10, 600  # a test's wall-clock limit: ten times the step's quiet time, at least ten minutes
+
+
+def hang_limit(quiet_s:float) -> float:
+    ("A wall-clock limit that only stops a hang, never a speed assertion: `HANG_FACTOR` times what the step takes on a "
+     "quiet 2-core machine (at least `HANG_MIN_S`), times one plus the machine's load per core when it is asked")
+    busy = os.getloadavg()[0] / (os.cpu_count() or 1)
+    return max(HANG_MIN_S, HANG_FACTOR * quiet_s) * (1 + busy)
+
+
+CLI_TIMEOUT_S = hang_limit(10)  # a command refused for bad input answers in seconds; training commands pass their own
 
 sys.path.insert(0, str(ROOT))  # this checkout's fastrepro
 from fastrepro.portable import DETERMINISTIC_ENV  # imports no torch
@@ -64,10 +74,11 @@ def same_bits(a, b) -> bool:
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
-def run_py(code, cwd, env=None, timeout=600):
+def run_py(code, cwd, env=None, timeout=None):
     "Run `code` in a fresh Python process; return its stdout (raise with its stderr on failure)"
     e = dict(os.environ, **(env or {}))
-    r = subprocess.run([sys.executable, '-c', code], cwd=cwd, env=e, capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run([sys.executable, '-c', code], cwd=cwd, env=e, capture_output=True, text=True,
+                       timeout=timeout or hang_limit(60))
     if r.returncode != 0:
         raise AssertionError(f"subprocess failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}")
     return r.stdout
@@ -93,3 +104,32 @@ def pg_url(pg_server):
     name = f'test_{uuid.uuid4().hex[:12]}'
     with psycopg.connect(pg_server, autocommit=True) as con: con.execute(f'CREATE DATABASE {name}')
     return f"{pg_server.rsplit('/', 1)[0]}/{name}"
+
+
+# One uninterrupted reference run per recipe, shared by every test that compares against it (test_resume.py and
+# test_preempt.py train the same language model, classifier and fp16 runs), also across pytest-xdist's workers: the
+# first test that asks trains it, in its own process as before, under a file lock; the others wait for it and read it.
+@pytest.fixture(scope='session')
+def reference_runs(tmp_path_factory):
+    ("`reference(job, encoder=None)`: `job` in a folder that holds its 'reference' run (`reference.pt`; an LM's "
+     "encoder too), trained once per pytest run; `encoder`: the file a classifier's job starts from")
+    import dataclasses, fcntl, hashlib, shutil, pandas as pd
+    from fastrepro.demo.jobs import Job, job_process, job_error
+    from fastrepro.demo.ulmfit import ENCODER
+    shared = tmp_path_factory.getbasetemp().parent/'reference-runs'  # one folder for all workers of this pytest run
+    shared.mkdir(exist_ok=True)
+
+    def reference(job:Job, encoder:Path|None=None) -> Job:
+        spec = {f.name: getattr(job, f.name) for f in dataclasses.fields(job) if f.name not in ('path', 'df')}
+        key = hashlib.sha256(repr((spec, pd.util.hash_pandas_object(job.df).tolist(),
+                                   encoder and Path(encoder).read_bytes())).encode()).hexdigest()[:16]
+        ref = dataclasses.replace(job, path=shared/key)
+        with open(shared/f'{key}.lock', 'w') as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another worker training it: wait for it (its own time limit bounds it)
+            if not (ref.path/'reference.pt').is_file():
+                spec_file = ref.write()
+                if encoder is not None: shutil.copy(encoder, ref.path/'models'/f'{ENCODER}.pth')
+                p = job_process(spec_file, 'reference')
+                assert p.returncode == 0, job_error(p)
+        return ref
+    return reference

@@ -11,7 +11,7 @@ def write_runs(address, writer:int, n:int, start_at:float|None=None, barrier=Non
     "Add `n` records to the ledger at `address` as writer `writer`, all writers at once; (first, last write's end)"
     from fastrepro.ledger import Ledger
     ledger = Ledger(address)
-    if barrier is not None: barrier.wait(timeout=120)
+    if barrier is not None: barrier.wait(timeout=600)  # stops a hang: the workers meet in seconds
     if start_at is not None: time.sleep(max(0., start_at - time.time()))
     t0 = time.time()
     for i in range(n): ledger.add(dict(experiment='concurrency', variant=f'w{writer}', seed=i))

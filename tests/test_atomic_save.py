@@ -4,6 +4,7 @@ import os, signal, subprocess, sys, time
 from pathlib import Path
 import torch
 from fastrepro.checkpoint import read_checkpoint, split_state, checkpoint_info
+from conftest import hang_limit
 
 SAVER = '''
 import sys, torch
@@ -32,7 +33,7 @@ def kill_while_saving(folder, delay):
             saved += line.startswith('SAVED')
         time.sleep(delay)
         p.send_signal(signal.SIGKILL)
-    finally: p.wait(timeout=60)
+    finally: p.wait(timeout=hang_limit(5))
     return any(f.name.startswith('.fastrepro-tmp-') for f in (folder/'models').iterdir())
 
 def check_complete(folder):

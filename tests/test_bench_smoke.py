@@ -4,14 +4,16 @@ tests. The `bench` package is imported from the root of the checkout (setup.cfg'
 import json, re, subprocess, sys
 from pathlib import Path
 import pytest
+from conftest import hang_limit
 
 ROOT = Path(__file__).resolve().parents[1]
 RATIO = re.compile(r'ratio \d+\.\d+x')
 
 
+@pytest.mark.slow  # trains in fresh processes: the inner loop skips it
 def test_bench_quick(tmp_path, fastai_home):
     r = subprocess.run([sys.executable, '-m', 'bench.run', '--quick', '--out', str(tmp_path)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True, timeout=hang_limit(60))
     assert r.returncode == 0, (f"python -m bench.run --quick failed ({r.returncode}):\n"
                                f"{r.stdout[-3000:]}\n{r.stderr[-5000:]}")
     assert len(RATIO.findall(r.stdout)) >= 10, f"too few ratios printed:\n{r.stdout[-3000:]}"
@@ -45,5 +47,6 @@ def test_gpu_bench_without_gpu():
     "Without CUDA the GPU script says so and exits 0 (on a GPU machine this test is skipped: run the script itself)"
     import torch
     if torch.cuda.is_available(): pytest.skip('CUDA is here: run python -m bench.gpu_bench itself')
-    r = subprocess.run([sys.executable, '-m', 'bench.gpu_bench'], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, '-m', 'bench.gpu_bench'], cwd=ROOT, capture_output=True, text=True,
+                       timeout=hang_limit(10))
     assert r.returncode == 0 and 'no CUDA device' in r.stdout, r.stdout + r.stderr

@@ -3,11 +3,13 @@
 import os, socket, subprocess, sys, time
 from pathlib import Path
 import pytest, torch
-from conftest import ROOT
+from conftest import ROOT, hang_limit
 from fastrepro.checkpoint import checkpoint_info
 
+pytestmark = pytest.mark.slow  # torchrun and accelerate launches: the inner loop (-m "not slow") skips them
+
 JOB = Path(__file__).with_name('distrib_job.py')
-LAUNCH_TIMEOUT_S = 180  # a launch takes 10-20 s here; a hung collective is a failure, not a wait
+LAUNCH_TIMEOUT_S = hang_limit(20)  # a launch takes 10-20 s here; this stops a hung collective
 TORCHRUN = [sys.executable, '-m', 'torch.distributed.run']
 pytest.importorskip('accelerate',
                     reason="fastai's distrib_ctx needs Accelerate (pip install accelerate; in the dev extras)")

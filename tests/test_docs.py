@@ -12,14 +12,15 @@ import yaml
 from importlib.util import find_spec
 from pathlib import Path
 import pytest
+from conftest import hang_limit
 
 ROOT = Path(__file__).resolve().parents[1]
 PROC = ROOT/'_proc'
 CHROMIUM = shutil.which('chromium') or shutil.which('chromium-browser')
 PAGES = {'callback': '03_callback', 'demo': '16_demo'}  # what the test names each page -> its notebook
 DEMO_PLOTS = 4             # the demo page's plots: same seed, fp16 loss scale, nondeterminism, variants
-TIMEOUT_S = 900            # nbdev-proc-nbs executes the exported and show_doc cells of the two notebooks
-CHROME_TIMEOUT_S = 120
+TIMEOUT_S = hang_limit(90)  # nbdev-proc-nbs executes the exported and show_doc cells of the two notebooks
+CHROME_TIMEOUT_S = hang_limit(10)
 CHROME_FLAGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
                 '--disable-background-networking', '--disable-component-update', '--disable-sync', '--hide-scrollbars',
                 '--virtual-time-budget=10000', '--window-size=1280,1400']

@@ -22,6 +22,7 @@ def clas(data, tmp_path, fp16=False, **kwargs):
     return learn.to_repro_fp16() if fp16 else learn
 
 
+@pytest.mark.slow  # trains in fresh processes: the inner loop skips it
 def test_lr_find_first_changes_nothing(data, tmp_path):
     a = clas(data, tmp_path)
     with a.no_bar(): a.fit_one_cycle(2, 1e-2)
@@ -31,6 +32,7 @@ def test_lr_find_first_changes_nothing(data, tmp_path):
     assert same_bits(a, b)
     assert a.repro_trace.loss.tolist() == b.repro_trace.loss.tolist()
 
+@pytest.mark.slow  # trains in fresh processes: the inner loop skips it
 def test_save_model_callback_default_mode(data, tmp_path):
     "SaveModelCallback reloads the best model after fit: no spurious resume warning, the next stage stays reproducible"
     def run():
@@ -45,6 +47,7 @@ def test_save_model_callback_default_mode(data, tmp_path):
     n = len(a.dls.train)
     assert a.repro_trace.fit.tolist() == [0]*2*n + [1]*n   # both fits recorded, the second with its own stream
 
+@pytest.mark.slow  # trains in fresh processes: the inner loop skips it
 def test_fine_tune_is_reproducible(data, tmp_path):
     a, b = clas(data, tmp_path), clas(data, tmp_path)
     for l in (a, b):

@@ -12,6 +12,7 @@ from fastrepro.all import ReproCB, CheckpointCB, Ledger, LedgerError, checkpoint
 from fastrepro.ledger import postgres_bin, local_postgres, Spool, SpoolIndex, SPOOL_NAME, SPOOLS_ENV, LedgerWarning
 from fastrepro.checkpoint import CheckpointWriteError
 from fastrepro.preempt import SAVE_FAILED_EXIT, read_manifest
+from conftest import hang_limit
 
 ROOT = Path(__file__).parent.parent
 N_ITER = 10  # training iterations per epoch of `learner` (synth_learner: 10 batches)
@@ -46,7 +47,7 @@ class At(Callback):
 def _pg(*args):
     run_as = ['runuser', '-u', 'postgres', '--'] if os.geteuid() == 0 else []
     subprocess.run(run_as + [str(postgres_bin()/args[0]), *map(str, args[1:])], check=True, capture_output=True,
-                   timeout=60)
+                   timeout=hang_limit(2))
 
 @contextlib.contextmanager
 def server_stopped(url:str):
@@ -93,7 +94,7 @@ def test_server_stopped_during_fit(pg, tmp_path):
     # the server is back: a sync killed after its first record's commit, then run again
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     r = subprocess.run([sys.executable, '-c', KILL_AFTER_PUT, 'runs', '--sync', str(spool), '--ledger', pg],
-                       env=env, capture_output=True, text=True, timeout=120)
+                       env=env, capture_output=True, text=True, timeout=hang_limit(10))
     assert r.returncode == -signal.SIGKILL, r.stderr
     # the first fit's record (added when the fit started) completed, the spool untouched: it will be sent again
     assert Ledger(pg, send_spooled=False).runs().status.tolist() == ['completed'] and len(Spool(spool)) == 2
@@ -195,7 +196,7 @@ def test_spool_reaches_ledger_from_any_process(tmp_path, spool_index):
         assert len(spooled(name)) == 1 and spool_index.spools(spool_address(db))
     spooled_fit('a')  # then another script opens the ledger
     r = subprocess.run([sys.executable, '-c', OPEN_LEDGER, str(db)], env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=hang_limit(10))
     assert r.returncode == 0, r.stderr
     assert len(Ledger(db)) == 1 and len(spooled('a')) == 0 and not spool_index.spools(spool_address(db))
     spooled_fit('b')  # then `fastrepro runs`

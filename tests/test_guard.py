@@ -5,9 +5,10 @@ naming the reason, and a checkpoint written inside an epoch (by the real fastai)
 import os, sys, subprocess, textwrap
 from pathlib import Path
 import pytest
+from conftest import hang_limit
 
 ROOT = Path(__file__).resolve().parents[1]
-HANG_S = 600  # stops a hang; each process runs in about 10 s
+HANG_S = hang_limit(10)  # stops a hang; each process runs in about 10 s
 
 FOREIGN = '''
 import fastai.data.load as fastai_load
@@ -27,6 +28,7 @@ fastai_load.DataLoader.__iter__, fastai_load.DataLoader.sample = __iter__, sampl
 
 TRAIN = '''
 import warnings
+from conftest import hang_limit
 with warnings.catch_warnings(record=True) as said:
     warnings.simplefilter('always')
     from fastrepro.all import *

@@ -9,8 +9,9 @@ import fastrepro.ledger as ledger_module
 from fastrepro.ledger import Ledger, LedgerError, SCHEMA_VERSION
 from fastrepro.cli import main
 import sweep_jobs
+from conftest import hang_limit
 
-TIMEOUT_S = 120
+TIMEOUT_S = hang_limit(10)  # stops a hang of the processes that share a ledger
 
 
 @pytest.fixture(scope='module')

@@ -15,14 +15,17 @@ import fastrepro
 from fastrepro.portable import DETERMINISTIC_ENV
 from fastrepro.kernels import same_kernels_env
 
+pytestmark = pytest.mark.slow  # trains in fresh processes: the inner loop (-m "not slow") skips it
+
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 from loader_jobs import LEARNERS, SIGTERM_STATUS, case_name  # noqa: E402
+from conftest import hang_limit
 
 # every kind in the middle of an epoch, alone and as a rank's share; two after an epoch's last batch; one under torchrun
 CASES = ([(kind, share, 'middle') for share in (0, 1) for kind in LEARNERS]
          + [('tabular', 0, 'last'), ('partial', 1, 'last'), ('tabular', 'ddp', 'middle')])
-TIMEOUT_S = 300
+TIMEOUT_S = hang_limit(40)
 
 
 def _free_port() -> int:

@@ -1,7 +1,10 @@
 """Importing fastrepro changes nothing in plain fastai: a run without our callbacks is bit-identical with and
 without `import fastrepro.all` (which patches Learner.fit/save/load and DataLoader methods, gated on our callbacks)."""
 import hashlib
+import pytest
 from conftest import run_py
+
+pytestmark = pytest.mark.slow  # trains in fresh processes: the inner loop (-m "not slow") skips it
 
 RUN = '''
 import sys, hashlib, torch

@@ -9,10 +9,10 @@ same: if another CPU does not, that is a finding about portable mode on that CPU
 differently: the digests are for these versions."""
 import os, sys, json, subprocess
 import pytest
-from conftest import ROOT, run_py
+from conftest import ROOT, run_py, hang_limit
 
 PORTABLE_LM, PORTABLE_CLAS = '81c393a2986b', '7e896ffa21e0'  # sha256[:12] of the portable run's models (see above)
-RUN_TIMEOUT_S = 600
+RUN_TIMEOUT_S = hang_limit(30)
 
 
 def launch(*args, timeout=RUN_TIMEOUT_S, **env) -> subprocess.CompletedProcess:
@@ -43,6 +43,7 @@ print('RESULT', json.dumps(dict(lm=run.lm.digest[:12], clas=run.clas.digest[:12]
                                 left=portable_problems(), said=said)))
 '''
 
+@pytest.mark.slow  # trains in fresh processes: the inner loop skips it
 def test_portable_digests_are_the_committed_ones(fastai_home):
     r = result(launch('-c', DIGESTS))
     assert r['left'] == {} and r['said'] == [], r
@@ -72,6 +73,7 @@ print('RESULT', json.dumps(dict(inside=seen.seen, after=(deterministic_switches(
                                 said=[str(o.message) for o in w if 'Not portable' in str(o.message)])))
 '''
 
+@pytest.mark.slow  # trains in fresh processes: the inner loop skips it
 def test_reprocb_portable_under_the_launcher_pins_and_restores():
     r = result(launch('-c', REPRO_CB))
     inside, n = r['inside']
@@ -87,8 +89,8 @@ from fastrepro.kernels import portable_problems, torch_mkl
 x = torch.randn(64, 64); x @ x  # torch's kernels and MKL start with this CPU's own code paths
 print('RESULT', json.dumps(dict(left=portable_problems(), mkl=torch_mkl() is not None)))'''
     env = {k: '' for k in ('ATEN_CPU_CAPABILITY', 'MKL_CBWR')}  # as a plain shell: torch's and MKL's defaults
-    r = result(subprocess.run([sys.executable, '-c', code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                              env={**os.environ, 'PYTHONPATH': str(ROOT), **env}))
+    r = result(subprocess.run([sys.executable, '-c', code], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=RUN_TIMEOUT_S, env={**os.environ, 'PYTHONPATH': str(ROOT), **env}))
     assert {'mkldnn', 'nnpack'} <= set(r['left']), r
     if r['mkl']: assert 'MKL_CBWR' in r['left'], r
     import torch

@@ -12,7 +12,9 @@ import pytest, torch
 from fastrepro.demo.jobs import Job, job_process, job_error, BEST
 from fastrepro.trace import RunRecord, same_run
 from fastrepro.checkpoint import checkpoint_info
-from fastrepro.demo.ulmfit import Stage, imdb_sample_df, lm_dls, subsample
+from fastrepro.demo.ulmfit import Stage, imdb_sample_df, lm_dls, subsample, ENCODER
+
+pytestmark = pytest.mark.slow  # trains in fresh processes: the inner loop (-m "not slow") skips it
 
 N_EPOCH, LR, EVERY = 3, 1e-2, 3
 FP16_TEXTS, FP16_CHARS = 40, 300  # fp16 matrix products are slow on a CPU: a smaller corpus for those runs
@@ -60,10 +62,10 @@ def preempt_and_resume(job, ref, it, sig, name):
 
 
 @pytest.fixture(scope='module')
-def lm_ref(texts, tmp_path_factory):
-    "The uninterrupted language model (its encoder also serves the classifier tests)"
-    job = Job('lm', texts[0], tmp_path_factory.mktemp('lm_ref'), stages=[Stage(0, N_EPOCH, LR)], every_iters=EVERY)
-    run(job.write(), 'reference')
+def lm_ref(texts, tmp_path_factory, reference_runs):
+    "The uninterrupted language model (test_resume's too; its encoder also serves the classifier tests)"
+    job = reference_runs(Job('lm', texts[0], tmp_path_factory.mktemp('lm'), stages=[Stage(0, N_EPOCH, LR)],
+                             every_iters=EVERY))
     return job, record(job, 'reference.pt')
 
 
@@ -95,24 +97,22 @@ def test_with_two_workers(lm_ref, tmp_path):
     preempt_and_resume(job, ref, len(ref.trace)//N_EPOCH + 2, signal.SIGTERM, 'workers.pt')
 
 
-def test_classifier_resumes_inside_an_epoch(lm_ref, texts, tmp_path):
-    ref_job, _ = lm_ref
+def test_classifier_resumes_inside_an_epoch(lm_ref, texts, tmp_path, reference_runs):
+    encoder = lm_ref[0].path/'models'/f'{ENCODER}.pth'
     (tmp_path/'models').mkdir()
-    (tmp_path/'models'/'enc.pth').write_bytes((ref_job.path/'models'/'enc.pth').read_bytes())
+    (tmp_path/'models'/f'{ENCODER}.pth').write_bytes(encoder.read_bytes())
     job = Job('clas', texts[0], tmp_path, texts[1], stages=[Stage(0, N_EPOCH, LR)], every_iters=EVERY)
-    run(job.write(), 'reference')
-    ref = record(job, 'reference.pt')
+    ref = record(reference_runs(job, encoder), 'reference.pt')  # test_resume's too
     n_iter = len(ref.trace)//N_EPOCH
     for it, sig in ((n_iter//2, signal.SIGTERM), (EVERY*((2*n_iter - 1)//EVERY), signal.SIGKILL)):
         preempt_and_resume(job, ref, it, sig, f'clas-{it}-{sig}.pt')
 
 
-def test_fp16_resumes_inside_an_epoch(texts, tmp_path):
+def test_fp16_resumes_inside_an_epoch(texts, tmp_path, reference_runs):
     "The GradScaler and the loss-scale history, as they stood at the batch"
     job = Job('lm', subsample(texts[0], FP16_TEXTS, FP16_CHARS), tmp_path, fp16=True, stages=[Stage(0, N_EPOCH, LR)],
               every_iters=EVERY)
-    run(job.write(), 'reference')
-    ref = record(job, 'reference.pt')
+    ref = record(reference_runs(job), 'reference.pt')  # test_resume's too
     assert ref.loss_scale is not None and len(ref.loss_scale) == len(ref.trace)
     preempt_and_resume(job, ref, len(ref.trace)//N_EPOCH + 1, signal.SIGTERM, 'fp16.pt')
 

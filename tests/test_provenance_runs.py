@@ -6,14 +6,16 @@ the ledger."""
 import json, os, socket, platform, subprocess, sys
 from pathlib import Path
 import pytest
-from conftest import ROOT
+from conftest import ROOT, hang_limit
 
 from fastrepro.checkpoint import checkpoint_info
 from fastrepro.ledger import Ledger
 from fastrepro.provenance import git_info, git_patch, MAX_CODE_BYTES
 import fastrepro.callback  # noqa: F401  (ReproCB's part of `checkpoint_info`)
 
-RUN_TIMEOUT_S = 300  # one training process: a fastai import (about 4 s) and a tiny fit; a hang is a failure
+pytestmark = pytest.mark.slow  # trains in fresh processes: the inner loop (-m "not slow") skips it
+
+RUN_TIMEOUT_S = hang_limit(30)  # one training process: a fastai import (about 4 s) and a tiny fit; a hang is a failure
 SIZE_SLACK = 4096  # the checkpoints of three runs of one script differ by their ledger ids and timings, not by KBs
 
 TRAIN = '''"A tiny training script, as a fastai user writes one: it saves its model, an export and a ledger in its repo"

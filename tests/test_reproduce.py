@@ -6,7 +6,7 @@ import json, os, signal, subprocess, sys, time
 from pathlib import Path
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, hang_limit
 
 from fastrepro.checkpoint import checkpoint_info, read_checkpoint, split_state
 from fastrepro.provenance import pack_git
@@ -17,7 +17,9 @@ from fastrepro.reproduce import _ledger_run, _threads
 from fastrepro.preempt import read_manifest, checkpoint_digests
 from fastrepro.ledger import Ledger
 
-RUN_TIMEOUT_S = 300  # one training process: a fastai import (about 5 s) and a few tiny fits; a hang is a failure
+pytestmark = pytest.mark.slow  # trains and re-runs in fresh processes: the inner loop (-m "not slow") skips it
+
+RUN_TIMEOUT_S = hang_limit(30)  # stops a hang of one training process: a fastai import (about 5 s), a few tiny fits
 POLL_S = 0.2  # how often the kill test looks for the worktree
 NUDGE_FIT, NUDGE_ITER = 1, 2  # where TRAIN_NUDGE (read by the script, not recorded) scales the gradient
 TWO_THREADS = {'OMP_NUM_THREADS': '2', 'MKL_NUM_THREADS': '2'}  # torch reads the second over the first

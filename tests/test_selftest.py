@@ -6,9 +6,9 @@ import os, re
 import pytest
 from pathlib import Path
 from fastrepro.ledger import Ledger, SELFTEST
-from conftest import fastrepro_cli as fastrepro
+from conftest import fastrepro_cli as fastrepro, hang_limit
 
-HANG_S = 900  # stops a hang: the selftest takes about 40 s on 2 quiet cores, and bounds each check process itself
+HANG_S = hang_limit(60)  # stops a hang: the selftest takes about 40 s on 2 quiet cores (it bounds each check process)
 
 UNDO_PATCH = '''
 from fastai.data.load import DataLoader
@@ -27,6 +27,7 @@ def checks(out:str) -> dict:
     return {m[2]: m[1] for m in re.finditer(r'^(passed|failed|skipped)  +(.+?)(?:: |$)', out, re.M)}
 
 
+@pytest.mark.slow  # trains in fresh processes: the inner loop skips it
 def test_selftest_passes_and_records(tmp_path):
     res = fastrepro('selftest', '--ledger', tmp_path/'ledger.db', cwd=tmp_path, timeout=HANG_S)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -44,6 +45,7 @@ def test_selftest_passes_and_records(tmp_path):
     assert abs(run.duration - seconds) <= 0.5  # the printed time is the recorded one, rounded
 
 
+@pytest.mark.slow  # trains in fresh processes: the inner loop skips it
 @pytest.mark.parametrize('patch', list(BREAKS))
 def test_selftest_fails_without_a_data_patch(tmp_path, patch):
     (tmp_path/'site').mkdir()

@@ -54,6 +54,7 @@ def here(tmp_path_factory, fastai_home, ledger, repo):
     return res, digests(out)
 
 
+@pytest.mark.slow  # trains in fresh processes: the inner loop skips it
 def test_same_bits_on_dask(client, here, ledger, repo, tmp_path):
     res = repeat(partial(sweep_jobs.train_classifier, out=str(tmp_path)), SEEDS, executor=client.get_executor(),
                  ledger=ledger, repo_path=repo, variant='dask', **RECORD)
@@ -66,6 +67,7 @@ def test_same_bits_on_dask(client, here, ledger, repo, tmp_path):
     assert len({e['env_hash'] for e in runs.env} | set(ledger.runs(variant='here').env_hash)) == 1
 
 
+@pytest.mark.slow  # trains in fresh processes: the inner loop skips it
 def test_worker_killed_then_resumed(client, here, ledger, repo, tmp_path, capsys):
     job = partial(sweep_jobs.train_classifier, out=str(tmp_path), kill_seed=0)  # the first: the others must go on
     kw = dict(executor=client.get_executor(), ledger=ledger, repo_path=repo, variant='killed', **RECORD)

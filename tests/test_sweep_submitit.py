@@ -9,6 +9,8 @@ from fastrepro.ledger import Ledger
 from fastrepro.sweep import repeat, SweepError
 import sweep_jobs
 
+pytestmark = pytest.mark.slow  # trains in submitit jobs: the inner loop (-m "not slow") skips it
+
 submitit = pytest.importorskip('submitit')
 ROOT = Path(__file__).resolve().parents[1]
 SEEDS = [0, 1]  # each runs in a process of its own: a new interpreter that imports torch

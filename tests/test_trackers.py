@@ -12,12 +12,14 @@ fit runs as before."""
 import glob, json, os, signal, socket, struct, subprocess, sys
 from pathlib import Path
 import pytest
-from conftest import ROOT, run_py
+from conftest import ROOT, run_py, hang_limit
+
+pytestmark = pytest.mark.slow  # trains in fresh processes: the inner loop (-m "not slow") skips it
 
 JOB = ROOT/'tests'/'tracker_job.py'
 N_EPOCH, EVERY, N_ITER = 3, 3, 4  # as in tracker_job.py: 4 training batches an epoch, a checkpoint every 3
 KILL = 2*EVERY + 2  # inside epoch 1 (iterations 5-8), two iterations after the checkpoint of iteration 6
-JOB_TIMEOUT_S = 300  # one process of the job (about 20 s on a loaded 2-core machine)
+JOB_TIMEOUT_S = hang_limit(30)  # one process of the job (about 20 s on a loaded 2-core machine)
 TRACKERS = ('--csv', '--tensorboard', '--wandb', '--mlflow', '--fp16')
 # no tracker's telemetry or network look-ups: the tests run offline, and MLflow's wait at exit for a blocked network
 QUIET = dict(WANDB_MODE='offline', WANDB_SILENT='true', MLFLOW_DISABLE_TELEMETRY='true', DO_NOT_TRACK='true')
@@ -45,7 +47,7 @@ def mlflow_server(tmp_path_factory):
     try: yield f'http://127.0.0.1:{port}'  # the job waits for it to answer (`tracker_job.py`): it starts meanwhile
     finally:
         os.killpg(p.pid, signal.SIGKILL)  # its data is thrown away: no need to wait for a clean shutdown
-        p.wait(timeout=30)
+        p.wait(timeout=hang_limit(3))
         log.close()
 
 

@@ -5,9 +5,11 @@ seed, with `ReproCB(seed=7)`, warns once (at its first fit, not its second) and 
 import os, sys, subprocess, textwrap
 from pathlib import Path
 import pytest
-from conftest import ROOT, fastrepro_here
+from conftest import ROOT, fastrepro_here, hang_limit
 
-HANG_S = 600  # stops a hang; each process runs in about 10 s
+pytestmark = pytest.mark.slow  # trains in fresh processes: the inner loop (-m "not slow") skips it
+
+HANG_S = hang_limit(15)  # stops a hang; the four processes run in about 30 s
 
 SCRIPT = textwrap.dedent('''
     import sys, warnings

@@ -6,7 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/jobs.html.md"""
 
 # %% ../../nbs/15a_jobs.ipynb #992a3c85
 from __future__ import annotations
-import os, sys, json, signal, subprocess, dataclasses
+import os, sys, json, time, signal, select, tempfile, threading, subprocess, dataclasses
 from dataclasses import dataclass
 import numpy as np, pandas as pd
 from fastai.text.all import *
@@ -23,8 +23,74 @@ from ..trace import RunRecord, state_digest
 from .ulmfit import *
 
 # %% auto #0
-__all__ = ['STOP_EPOCH', 'RESUME_SEED_OFFSET', 'JOB_FILE', 'JOB_TIMEOUT_S', 'BEST', 'StopAfter', 'KillAt', 'Job', 'run_job',
-           'job_process', 'job_error']
+__all__ = ['STOP_EPOCH', 'RESUME_SEED_OFFSET', 'JOB_FILE', 'JOB_TIMEOUT_S', 'BEST', 'serve_jobs', 'JobServer', 'job_server',
+           'StopAfter', 'KillAt', 'Job', 'run_job', 'job_process', 'job_error']
+
+# %% ../../nbs/15a_jobs.ipynb #d26130da
+def _run_forked(req:dict) -> int:
+    "In a process forked from the job server: run `req['code']` as `python -c` would; its exit status"
+    null = os.open(os.devnull, os.O_RDONLY)
+    out, err = (os.open(req[k], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600) for k in ('stdout', 'stderr'))
+    for fd, to in ((null, 0), (out, 1), (err, 2)): os.dup2(fd, to); os.close(fd)
+    os.chdir(req['cwd'])
+    sys.argv, sys.orig_argv = ['-c'], [sys.executable, '-c', req['code']]
+    try: exec(compile(req['code'], '<string>', 'exec'), {'__name__': '__main__', '__builtins__': __builtins__})
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int): return e.code or 0
+        print(e.code, file=sys.stderr); return 1
+    except BaseException:
+        import traceback; traceback.print_exc(); return 1
+    return 0
+
+def serve_jobs():
+    ("The job server's loop: for each request read from stdin (JSON: `code`, `cwd`, `stdout`, `stderr` files), fork a "
+     "process that runs it, answer with its pid, then its exit status (negative: the signal that ended it)")
+    for line in sys.stdin:
+        req = json.loads(line)
+        pid = os.fork()
+        if pid == 0: sys.exit(_run_forked(req))  # the child ends as a process of its own: exit handlers run, in it
+        print(json.dumps({'pid': pid}), flush=True)
+        print(json.dumps({'status': os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])}), flush=True)
+
+class JobServer:
+    "A Python process that imported fastai and fastrepro and ran nothing else, forking one job process per `run`"
+    def __init__(self, env:dict):
+        self.log = tempfile.TemporaryFile(mode='w+')  # what the server itself says (its imports' warnings)
+        self.proc = subprocess.Popen([sys.executable, '-c', 'from fastrepro.demo.jobs import serve_jobs; serve_jobs()'],
+                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                                     text=True, bufsize=1)
+        self.lock = threading.Lock()
+
+    def _answer(self, deadline:float, args) -> dict:
+        "The server's next answer, before `deadline` (`time.monotonic`)"
+        ready, _, _ = select.select([self.proc.stdout], [], [], max(0., deadline - time.monotonic()))
+        line = self.proc.stdout.readline() if ready else None
+        if line: return json.loads(line)
+        if line is None: raise subprocess.TimeoutExpired(args, deadline - time.monotonic())
+        self.log.seek(0)
+        raise RuntimeError(f"The job server ended (exit code {self.proc.wait()}): {self.log.read()[-1500:].strip()}")
+
+    def run(self, code:str, timeout:float) -> subprocess.CompletedProcess:
+        "Run `code` in a process forked from the server, as `subprocess.run([python, '-c', code])` would"
+        args, deadline = [sys.executable, '-c', code], time.monotonic() + timeout
+        with self.lock, tempfile.TemporaryDirectory() as d:
+            req = dict(code=code, cwd=os.getcwd(), stdout=f'{d}/stdout', stderr=f'{d}/stderr')
+            self.proc.stdin.write(json.dumps(req) + '\n'); self.proc.stdin.flush()
+            pid = self._answer(deadline, args)['pid']
+            try: status = self._answer(deadline, args)['status']
+            except subprocess.TimeoutExpired:
+                os.kill(pid, signal.SIGKILL)
+                self._answer(time.monotonic() + 60, args)  # its status, once it is gone: the server serves again
+                raise subprocess.TimeoutExpired(args, timeout) from None
+            return subprocess.CompletedProcess(args, status, *(Path(d, f).read_text() for f in ('stdout', 'stderr')))
+
+_servers = {}  # environment -> its `JobServer`
+
+def job_server(env:dict) -> JobServer:
+    "The job server of environment `env`, started if there is none or it ended"
+    key = tuple(sorted(env.items()))
+    if key not in _servers or _servers[key].proc.poll() is not None: _servers[key] = JobServer(env)
+    return _servers[key]
 
 # %% ../../nbs/15a_jobs.ipynb #2d5b20f4
 STOP_EPOCH = 0            # the last fit is stopped right after this epoch (0-based)
@@ -160,7 +226,8 @@ def job_process(spec, # a job file
                 env:dict|None=None, # environment variables of the process, over this one's and `DETERMINISTIC_ENV`
                 **kwargs, # more `run_job` arguments
                ) -> subprocess.CompletedProcess:
-    "Run `run_job(spec, mode, **kwargs)` in a fresh Python process, this fastrepro first on its path"
+    ("Run `run_job(spec, mode, **kwargs)` in a fresh Python process, this fastrepro first on its path: forked from "
+     "the `job_server` of its environment")
     root = str(Path(fastrepro.__file__).resolve().parents[1])
     # MKL and OpenMP read theirs before any of our code runs; torch's and MKL's kernels are this process's, as the
     # job's results are compared with this process's
@@ -168,7 +235,7 @@ def job_process(spec, # a job file
     env['PYTHONPATH'] = os.pathsep.join([root, os.environ.get('PYTHONPATH', '')])
     kwargs = json.loads(json.dumps(kwargs))  # plain values for the command line (a `signal.Signals` becomes its number)
     code = f"from fastrepro.demo.jobs import run_job; run_job({str(spec)!r}, {mode!r}, **{kwargs!r})"
-    return subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True, timeout=timeout)
+    return job_server(env).run(code, timeout)
 
 def job_error(p:subprocess.CompletedProcess, n:int=1500) -> str:
     "The end of what a failed job process said"
