@@ -28,7 +28,6 @@ fastai_load.DataLoader.__iter__, fastai_load.DataLoader.sample = __iter__, sampl
 
 TRAIN = '''
 import warnings
-from conftest import hang_limit
 with warnings.catch_warnings(record=True) as said:
     warnings.simplefilter('always')
     from fastrepro.all import *
