@@ -1,7 +1,7 @@
 """Shared fixtures and helpers: the IMDB sample under a temporary \
 FASTAI_HOME (nothing is downloaded), the command line in
 a fresh process, and bit-for-bit model comparison."""
-import os, shutil, subprocess, sys
+import math, os, shutil, subprocess, sys
 from pathlib import Path
 import pytest
 
@@ -10,11 +10,12 @@ SHARED_CSV = ROOT.parent/'shared'/'data'/'imdb_sample'/'texts.csv'
 HANG_FACTOR, HANG_MIN_S = 10, 600  # a test's wall-clock limit: ten times the step's quiet time, at least ten minutes
 
 
-def hang_limit(quiet_s:float) -> float:
-    ("A wall-clock limit that only stops a hang, never a speed assertion: `HANG_FACTOR` times what the step takes on a "
-     "quiet 2-core machine (at least `HANG_MIN_S`), times one plus the machine's load per core when it is asked")
+def hang_limit(quiet_s:float) -> int:
+    ("A wall-clock limit in whole seconds that only stops a hang, never a speed assertion: `HANG_FACTOR` times what "
+     "the step takes on a quiet 2-core machine (at least `HANG_MIN_S`), times one plus the machine's load per core "
+     "when it is asked")
     busy = os.getloadavg()[0] / (os.cpu_count() or 1)
-    return max(HANG_MIN_S, HANG_FACTOR * quiet_s) * (1 + busy)
+    return math.ceil(max(HANG_MIN_S, HANG_FACTOR * quiet_s) * (1 + busy))
 
 
 CLI_TIMEOUT_S = hang_limit(10)  # a command refused for bad input answers in seconds; training commands pass their own

@@ -1,6 +1,6 @@
 """Distributed data-parallel training with fastai's `distrib_ctx`: real 2-process jobs started by `torchrun` on loopback
 (gloo, CPUs), each launch a fresh set of processes (`tests/distrib_job.py`)."""
-import os, socket, subprocess, sys, time
+import os, shutil, socket, subprocess, sys, time
 from pathlib import Path
 import pytest, torch
 from conftest import ROOT, hang_limit
@@ -24,7 +24,8 @@ def _env(): return {**os.environ, 'ACCELERATE_USE_CPU': '1', 'OMP_NUM_THREADS': 
 
 
 def _torchrun(nproc=2) -> list:
-    return TORCHRUN + ['--nproc_per_node', str(nproc), '--master_addr', '127.0.0.1', '--master_port', str(_free_port())]
+    "torchrun on a free port of its own (`--standalone`): a port picked here could be taken by a launch beside it"
+    return TORCHRUN + ['--standalone', '--nproc_per_node', str(nproc)]
 
 
 def _check(p, status):
@@ -60,9 +61,21 @@ def test_two_launches_same_bits_and_decorrelated_ranks(reference, tmp_path):
     assert not any(torch.equal(m, n) for m, n in zip(a0['masks'], a1['masks']))  # and differs from the other rank's
 
 
-def test_resume_after_an_epoch_and_inside_one(reference, tmp_path):
-    launch('epoch', tmp_path)
-    launch('resume', tmp_path, 'epoch1')
+@pytest.fixture(scope='module')
+def after_epoch(tmp_path_factory):
+    "A launch stopped after its first epoch (its checkpoint `epoch1`): what the resume tests start from"
+    out = tmp_path_factory.mktemp('ddp_epoch')
+    launch('epoch', out)
+    return out
+
+
+def _copy(run, to):
+    shutil.copytree(run, to, dirs_exist_ok=True)
+    return to
+
+
+def test_resume_after_an_epoch_and_inside_one(reference, after_epoch, tmp_path):
+    launch('resume', _copy(after_epoch, tmp_path), 'epoch1')
     launch('preempt', tmp_path, 7, status=143)  # SIGTERM to rank 0 alone: both ranks checkpoint at the same batch
     info = checkpoint_info(tmp_path/'models'/'checkpoint.pth')
     assert (info['iteration'], info['world_size']) == (7, 2)
@@ -79,10 +92,8 @@ def test_a_killed_rank_ends_the_job_and_the_last_checkpoint_resumes(reference, t
     for r in (0, 1): assert same(rank(reference, 'reference', r), rank(tmp_path, 'resume-checkpoint', r)), r
 
 
-def test_other_world_size_is_refused(reference, tmp_path):
-    (tmp_path/'models').mkdir()
-    launch('epoch', tmp_path)
-    p = launch('resume', tmp_path, 'epoch1', nproc=1, status=1)
+def test_other_world_size_is_refused(after_epoch, tmp_path):
+    p = launch('resume', _copy(after_epoch, tmp_path), 'epoch1', nproc=1, status=1)
     assert 'run of 2 process(es) and this run has 1' in p.stderr, p.stderr[-3000:]
 
 

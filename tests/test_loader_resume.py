@@ -7,7 +7,7 @@ in a real two-process run (`torchrun`, `distrib_ctx`, gloo on CPUs). The cases s
 a user's script fits several learners: a stopped fit leaves nothing that changes the next learner's bits. The
 language-model (`LMDataLoader`) and text classifier (`SortedDL`) loaders are resumed the same way in
 tests/test_preempt.py."""
-import os, re, sys, socket, subprocess
+import os, re, sys, subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import pytest, torch
@@ -28,16 +28,13 @@ CASES = ([(kind, share, 'middle') for share in (0, 1) for kind in LEARNERS]
 TIMEOUT_S = hang_limit(40)
 
 
-def _free_port() -> int:
-    with socket.socket() as s: s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
-
-
 def stage(name, out, cases) -> subprocess.CompletedProcess:
     "Stage `name` of `cases` in one fresh process (two under torchrun), with this process's CPU kernels"
     env = {**DETERMINISTIC_ENV, **os.environ, **same_kernels_env(), 'ACCELERATE_USE_CPU': '1'}
     env['PYTHONPATH'] = os.pathsep.join([str(Path(fastrepro.__file__).resolve().parents[1]), env.get('PYTHONPATH', '')])
-    launch = [sys.executable] + (['-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_addr',
-                                  '127.0.0.1', '--master_port', str(_free_port())] if cases[0][1] == 'ddp' else [])
+    # torchrun's own free port (`--standalone`): a port picked here could be taken by a launch beside it first
+    launch = [sys.executable] + (['-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '2']
+                                 if cases[0][1] == 'ddp' else [])
     return subprocess.run(launch + [str(HERE/'loader_jobs.py'), name, str(out)] + [case_name(*c) for c in cases],
                           env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
 
@@ -66,7 +63,7 @@ def runs(tmp_path_factory):
                                                 for k, v in r.items()}
 
 
-def said(p): return f"exit code {p.returncode}: {(p.stderr or p.stdout)[-2000:]}"
+def said(p): return f"exit code {p.returncode}: {(p.stderr or p.stdout)[-8000:]}"
 
 
 def printed(text:str, case) -> str:
