@@ -117,7 +117,9 @@ def reference_runs(tmp_path_factory):
     import dataclasses, fcntl, hashlib, shutil, pandas as pd
     from fastrepro.demo.jobs import Job, job_process, job_error
     from fastrepro.demo.ulmfit import ENCODER
-    shared = tmp_path_factory.getbasetemp().parent/'reference-runs'  # one folder for all workers of this pytest run
+    # one folder for all workers of this pytest run: under pytest-xdist, the folder above each worker's own
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if 'PYTEST_XDIST_WORKER' in os.environ else base)/'reference-runs'
     shared.mkdir(exist_ok=True)
 
     def reference(job:Job, encoder:Path|None=None) -> Job:
