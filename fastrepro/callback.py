@@ -28,8 +28,8 @@ from .ledger import (Ledger, Spool, SPOOL_NAME, RECORD_TIMEOUT_S, spool_address,
 from .trackers import FitTrackers
 
 # %% auto #0
-__all__ = ['SEED_DRAW_BITS', 'LOSS_NAMES', 'DEFAULT_EXPERIMENT', 'UNSEEDED_START', 'fit_metrics', 'FitRecord', 'FitProvenance',
-           'UnseededStartWarning', 'FitStart', 'ReproCB', 'repro_state']
+__all__ = ['SEED_DRAW_BITS', 'LOSS_NAMES', 'DEFAULT_EXPERIMENT', 'UNSEEDED_START', 'MOVED_TO_RECORD', 'fit_metrics', 'FitRecord',
+           'FitProvenance', 'UnseededStartWarning', 'FitStart', 'ReproCB', 'show_loaded_fit', 'repro_state']
 
 # %% ../nbs/03_callback.ipynb #7e6d10e3
 SEED_DRAW_BITS = 31    # seeds drawn when none is given: short enough to type back
@@ -268,6 +268,23 @@ def _drawn_seed() -> int:
     print(f"ReproCB: no seed given, drew seed={seed}; replay this run with ReproCB(seed={seed}).")
     return seed
 
+def _loaded_seed(seed:int|None, d:dict) -> int:
+    "The seed a resume continues: the checkpoint's, said when this ReproCB was given another"
+    if seed is not None and d['seed'] != seed:
+        warnings.warn(f"The checkpoint was written by a run with seed={d['seed']}; this ReproCB has "
+                      f"seed={seed}. The checkpoint's seed is used, so the resumed run continues its streams.")
+    return d['seed']
+
+# ReproCB's own arguments until a fit's ledger record became a `FitRecord`
+MOVED_TO_RECORD = ('experiment', 'variant', 'metric_version', 'tags')
+
+def _refuse_moved(moved:dict):
+    "Arguments `ReproCB` no longer takes: one line saying where they went (Python's own message for any other)"
+    other = [k for k in moved if k not in MOVED_TO_RECORD]
+    if other: raise TypeError(f"ReproCB.__init__() got an unexpected keyword argument {other[0]!r}")
+    if moved: raise TypeError(f"ReproCB({', '.join(f'{k}=' for k in moved)}...): these moved to the fit's ledger "
+                              "record: ReproCB(ledger=FitRecord(ledger, experiment, variant, metric_version, tags))")
+
 class ReproCB(Callback):
     "Own every generator of a fastai run: seeds and streams, deterministic switches, provenance, trace, exact resume"
     order = -20  # before TrainEvalCallback (-10): the epoch barrier reseeds before any other callback draws
@@ -285,20 +302,17 @@ class ReproCB(Callback):
         allow_cudnn_rnn_dropout:bool=False, # accept cuDNN's uncapturable RNN dropout on CUDA
         rank_streams:bool=True, # distributed runs: each rank's dropout and other model-side draws from its own streams
         allow_world_size_change:bool=False, # resume, at an epoch boundary, a checkpoint of another number of processes
+        **moved, # an argument of an earlier release (`experiment`, `tags`, ...): refused, saying where it went
     ):
+        _refuse_moved(moved)
         store_attr('seed,deterministic_data,per_item,rank_streams,allow_world_size_change')
         self.switches, self.trace = FitSwitches(deterministic, warn_only, portable), Trace(trace_every)
         self.provenance = FitProvenance(repo_path, allow_dirty, allow_cudnn_rnn_dropout)
         self.record = ledger if isinstance(ledger, FitRecord) else FitRecord(ledger)
-        self.trackers = FitTrackers()  # the fit's TensorBoard, W&B, MLflow and CSV logs (`fastrepro.trackers`)
-        self.start = FitStart()  # the weights the run starts from
-        self.position, self.plan = Position(), None  # where the run stands; the running fit's resume plan
-        self.pending = None  # a loaded checkpoint's state, until the next fit takes it
-        self.active = self.cancelled = False
-        self._train_end = None  # the generator states when the epoch's training ended (for a checkpoint in validation)
-
+        self.trackers, self.start = FitTrackers(), FitStart()  # TensorBoard, W&B, MLflow, CSV logs; the first weights
+        self.position, self.plan, self.active, self.cancelled = Position(), None, False, False  # where the run stands
+        self.pending = self._train_end = None  # a loaded checkpoint, until a fit takes it; generators as training ended
     def after_create(self): self.start.created(self.learn)
-
     def before_fit(self):
         self.active = training_fit(self.learn)
         if not self.active: return
@@ -316,11 +330,10 @@ class ReproCB(Callback):
         self.trace.initial = self.start.initial_weights(self.learn, self.trace, self.plan.state)  # before any seeding
         if self.plan.epoch == 0:
             seed_global(derive_seed(self.seed, self.position.fit, 'fit', *_rank_stream(self.rank_streams)))
+        resumed = self.plan.resumed or {}
         self.record.start(self.learn, self.seed, self.position.fit, self.plan.epoch, self.provenance.prov,
-                          resumed=(self.plan.resumed or {}).get('ledger_run'), initial_weights=self.trace.initial)
-        self.trackers.start(self.learn, self.seed, self.provenance.prov, self.record,
-                            (self.plan.resumed or {}).get('trackers'))
-
+                          resumed=resumed.get('ledger_run'), initial_weights=self.trace.initial)
+        self.trackers.start(self.learn, self.seed, self.provenance.prov, self.record, resumed.get('trackers'))
     def before_epoch(self):
         if not self.active: return
         self.plan.unsilence()  # every epoch's start reaches all: `SkipToEpoch` must cancel each skipped one
@@ -328,64 +341,30 @@ class ReproCB(Callback):
         if self.epoch == self.plan.epoch: self.plan.at_first_epoch(self.learn, self.trace)
         _epoch_barrier(self.seed, self.position.fit, self.epoch, self.dls, self.rank_streams)
         self.position.epoch, self.position.batch = self.epoch, self.plan.first_batch(self.epoch)
-
     def before_train(self):
         if self.active and self.deterministic_data:
             set_epoch(self.dls.train, (self.position.fit, self.epoch), start=self.plan.first_batch(self.epoch))
-
     def before_batch(self):
         if self.active and self.training and self.epoch == self.plan.epoch: self.plan.at_batch(self.learn)
-
     def after_batch(self):
         if not (self.active and self.training): return
         self.trace.record(self.position.fit, self.epoch, self.learn.train_iter, self.learn.loss, self.model)
         self.position.batch += 1
-
     def after_train(self):
         if not self.active: return
         self.plan.restore_inside(self.learn)  # a checkpoint taken during validation: no batch to wait for
         self._train_end = rng_states()
-
     def before_validate(self):
         if self.active and self.deterministic_data: set_epoch(self.dl, (self.position.fit, self.epoch))
-
     def after_epoch(self):
         if not self.active or self.epoch < self.plan.epoch: return
         self.trace.flush()
         self.position.epoch, self.position.batch, self._train_end = self.epoch + 1, 0, None
-
     def after_cancel_epoch(self):
         if self.active and self.epoch < self.plan.epoch: self.plan.silence(self.learn, self)  # skipped by `SkipToEpoch`
-
     def after_cancel_fit(self): self.cancelled = True
     def after_fit(self): self._end_fit()
     def after_fit_exception(self, exc): self._end_fit(exc)
-
-    def state_dict(self) -> dict:
-        "Where the run stands and what a fit that resumes it needs (`repro_state`), `weights_only`-safe"
-        return self.pending if self.pending is not None else repro_state(self)  # loaded, not fitted since: the same
-
-    def load_state_dict(self, d:dict):
-        "Keep a checkpoint's state pending: the next fit makes its resume plan from it"
-        if self.seed is not None and d['seed'] != self.seed:
-            warnings.warn(f"The checkpoint was written by a run with seed={d['seed']}; this ReproCB has "
-                          f"seed={self.seed}. The checkpoint's seed is used, so the resumed run continues its streams.")
-        self.seed, self.pending = d['seed'], d
-
-    def show_loaded_fit(self):
-        "Show the loaded checkpoint's fit in the learner's Recorder, as after that fit"
-        rec = (self.pending or {}).get('recorder')
-        if rec is not None: set_recorder_state(self.learn.recorder, rec, 'cpu')
-
-    def inside_problem(self) -> str|None:
-        "Why a checkpoint written now, inside an epoch, could not be resumed exactly; None when it could"
-        return inside_problem(self.learn, self.deterministic_data) if self.active and self.position.batch else None
-
-    def note(self, event:str):
-        "Record `event` (what went wrong, e.g. a checkpoint not written) in the trace, at this iteration, and ledger"
-        self.trace.note(self.learn.train_iter, event)
-        self.record.note(event)
-
     def _end_fit(self, exc:BaseException|None=None):
         "Put back what the fit changed, and complete its record; also when it raised"
         if not self.active: return
@@ -396,6 +375,21 @@ class ReproCB(Callback):
         self.trace.flush()
         self.record.end(self.learn, exc, self.cancelled)
         self.trackers.end()
+    def state_dict(self) -> dict:
+        "Where the run stands and what a fit that resumes it needs (`repro_state`), `weights_only`-safe"
+        return self.pending if self.pending is not None else repro_state(self)  # loaded, not fitted since: the same
+    def load_state_dict(self, d:dict):
+        "Keep a checkpoint's state pending: the next fit makes its resume plan from it"
+        self.seed, self.pending = _loaded_seed(self.seed, d), d
+    def note(self, event:str):
+        "Record `event` (what went wrong, e.g. a checkpoint not written) in the trace, at this iteration, and ledger"
+        self.trace.note(self.learn.train_iter, event); self.record.note(event)
+
+def show_loaded_fit(learn:Learner):
+    "Show the fit of the checkpoint `learn` loaded (and did not fit since) in its Recorder, as after that fit"
+    rec = (learn.repro_cb.pending or {}).get('recorder')
+    if rec is not None: set_recorder_state(learn.recorder, rec, 'cpu')
+
 
 # %% ../nbs/03_callback.ipynb #9e1a0aa7
 def repro_state(cb:ReproCB) -> dict:

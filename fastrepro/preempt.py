@@ -13,7 +13,8 @@ from .distrib import any_rank
 from .checkpoint import checkpoint_info, checkpoint_summary, ResumeError, TMP_PREFIX, CheckpointWriteError
 from .checkpoint import read_checkpoint, split_state
 from .trace import state_digest
-from .callback import ReproCB
+from .callback import ReproCB, show_loaded_fit
+from .resume import inside_problem
 
 # %% auto #0
 __all__ = ['PREEMPT_SIGNALS', 'SIGNAL_EXIT_BASE', 'SAVE_FAILED_EXIT', 'MANIFEST_SUFFIX', 'POSITION_KEYS', 'DIGEST_KEYS',
@@ -190,7 +191,7 @@ class CheckpointCB(Callback):
         if done.exists():
             self._check(checkpoint_info(done), n_epoch)
             self.learn.load(done.stem, with_opt=self.with_opt)
-            self.learn.repro_cb.show_loaded_fit()  # the Recorder shows the fit, as after a fit
+            show_loaded_fit(self.learn)  # the Recorder shows the fit, as after a fit
             _tell(f"fastrepro: fit {n} ({n_epoch} epochs) was completed by an earlier run; "
                   f"its end state is loaded from {done}.")
             return None
@@ -228,7 +229,8 @@ class CheckpointCB(Callback):
 
     def _inside_problem(self) -> str|None:
         "Why a checkpoint written now could not be resumed exactly (the ranks agree); said once per fit"
-        why = self.learn.repro_cb.inside_problem()
+        cb = self.learn.repro_cb  # a checkpoint written inside an epoch: could it be resumed exactly?
+        why = inside_problem(self.learn, cb.deterministic_data) if cb.active and cb.position.batch else None
         if not any_rank(why is not None)[0]: return None
         why = why or "another rank's training loader cannot resume its pass in its middle"
         if not self._told:
