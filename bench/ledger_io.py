@@ -108,7 +108,7 @@ def _backend(name:str, new, n:int, env:dict, cfg:Config) -> list:
 
 
 def run(cfg:Config) -> list:
-    from fastrepro.provenance import environment_info
+    from fastrepro.environment import environment_info
     n = QUICK_RUNS if cfg.quick else N_RUNS
     env = environment_info()
     folder = cfg.out/'ledgers'; folder.mkdir(parents=True, exist_ok=True)

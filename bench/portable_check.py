@@ -37,7 +37,7 @@ def worker(inprocess:bool):
         from fastrepro.kernels import set_portable
         set_portable()  # first, before any tensor work: what `seed_everything(seed, portable=True)` at the top does
     from fastrepro.demo.run import Demo
-    from fastrepro.provenance import cpu_kernels
+    from fastrepro.environment import cpu_kernels
     from fastrepro.kernels import portable_problems
     import torch
     t0, c0 = time.perf_counter(), time.process_time()  # the training, not the imports

@@ -24,8 +24,9 @@ from .fp16 import ReproMixedPrecision  # also Learner.to_repro_fp16, loss_scale_
 from .audit import NondeterminismError, NondeterminismWarning, audit_model, audit_switches, fix_rnn_dropout
 from .trace import first_divergence, save_trace, load_trace, state_digest, RunRecord, same_run, plot_losses
 from .provenance import DirtyTreeError, ProvenanceWarning, RankMismatchError
-from .provenance import git_info, git_patch, check_clean, environment_info, env_diff, run_provenance
-from .provenance import entry_point, cells_script, cells_notebook, write_cells
+from .provenance import git_info, git_patch, check_clean, run_provenance
+from .environment import environment_info, env_diff
+from .entry import entry_point, cells_script, cells_notebook, write_cells
 from .ledger import Ledger, LedgerError, metrics_frame, metric_column, Spool, LedgerWarning
 from .stats import compare, ablation, seeds_needed, seed_power, cohens_d, hedges_g, ComparisonWarning
 from .sweep import repeat, pinned, SweepError, WorkerError

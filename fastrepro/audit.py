@@ -14,7 +14,7 @@ from fastai.basics import *
 from fastai.callback.fp16 import MixedPrecision
 from .kernels import deterministic_switches
 from .core import is_stateful
-from .provenance import env_diff
+from .environment import env_diff
 
 # %% auto #0
 __all__ = ['CUDNN_DEVICE', 'NondeterminismError', 'NondeterminismWarning', 'audit_model', 'StackedRNN', 'split_rnn_dropout',

@@ -21,8 +21,9 @@ from .data import make_deterministic, undo_deterministic, set_epoch, loader_orde
 from .distrib import world_size
 from .audit import audit_fit, audit_resume, Findings
 from .trace import Trace, TRACE_EVERY, INITIAL_WEIGHTS, state_digest
-from .provenance import (run_provenance, environment_info, git_info, pack_git, unpack_git, pack_entry,
-                                  unpack_entry, check_ranks_agree)
+from .environment import environment_info
+from .provenance import (run_provenance, git_info, pack_git, unpack_git, pack_entry, unpack_entry,
+                                  check_ranks_agree)
 from .ledger import (Ledger, Spool, SPOOL_NAME, RECORD_TIMEOUT_S, spool_address, LedgerWarning, _one_line,
                               _hide_password)
 from .trackers import FitTrackers

@@ -90,7 +90,8 @@ def _env_text(env:dict, git:dict) -> str:
              help='a directory inside the git repository to describe (default: the current one)'))
 def env_command(args):
     "Print the environment fingerprint of this machine and the git state of the current directory"
-    from fastrepro.provenance import environment_info, git_info  # imports torch: only for this command
+    from fastrepro.environment import environment_info  # imports torch: only for this command
+    from fastrepro.provenance import git_info
     env, git = environment_info(), git_info(args.path)
     print(json.dumps(dict(env=env, git=git), indent=2) if args.json else _env_text(env, git))
 

@@ -166,7 +166,7 @@ def _check_env(b:pd.DataFrame, e:pd.DataFrame, names:tuple):
     "Warn when the two sides did not all run in one environment"
     hb, he = _distinct(b.env_hash), _distinct(e.env_hash)
     if len(hb | he) <= 1: return
-    from fastrepro.provenance import env_diff  # imports torch: only when the environments differ
+    from fastrepro.environment import env_diff  # imports torch: only when the environments differ
     eb, ee = first(b.env, lambda o: o is not None) or {}, first(e.env, lambda o: o is not None) or {}
     diff = env_diff(eb, ee)
     what = ', '.join(f"{k}: {va!r} vs {vb!r}" for k,(va,vb) in diff.items()) or 'environments not recorded'

@@ -23,7 +23,7 @@ from .checkpoint import checkpoint_info
 from .trace import RunRecord, same_run
 from .data import LOADER_DIFFERENCES, loader_differences, foreign_fastai
 from .audit import NondeterminismError, audit_switches, audit_model, fix_rnn_dropout
-from .provenance import environment_info
+from .environment import environment_info
 from .ledger import Ledger, SELFTEST
 
 # %% auto #0

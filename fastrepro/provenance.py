@@ -1,4 +1,4 @@
-"""Know yourself: which code (git commit, uncommitted patch) and which environment (versions, hardware, deterministic switches) produced a run.
+"""Know yourself: which code (git commit, uncommitted patch) produced a run, and the run's provenance (its code, entry point and environment) assembled for its records and packed for its checkpoints.
 
 Docs: https://fastrepro.github.io/fastrepro/provenance.html.md"""
 
@@ -6,24 +6,20 @@ Docs: https://fastrepro.github.io/fastrepro/provenance.html.md"""
 
 # %% ../nbs/10_provenance.ipynb #ac794d2b
 from __future__ import annotations
-import os, re, sys, copy, json, time, zlib, shutil, socket, fnmatch, hashlib, platform, tempfile, warnings, functools
-import importlib.metadata as importlib_metadata
-import git, numpy as np, torch, fastai, fastcore
+import os, re, sys, json, time, zlib, fnmatch, tempfile, warnings, functools
+import git
 from pathlib import Path
 from fastcore.basics import *
-import fastrepro
-from .portable import DETERMINISTIC_ENV, PORTABLE_ISA, PORTABLE_THREADS_VAR
-from .kernels import deterministic_switches, mkl_cbwr, torch_mkl, cpuinfo, aten_capability
 from .core import digest
 from .distrib import all_gather
+from .environment import environment_info, env_diff
+from .entry import entry_point, _relative, _notebook_bytes
 
 # %% auto #0
 __all__ = ['MAX_FILES_SHOWN', 'MAX_CODE_BYTES', 'CODE_SUFFIXES', 'CODE_NAMES', 'KEPT_CELL_METADATA', 'RACY_SECONDS',
-           'BIT_IDENTITY_FIELDS', 'ENTRY_ENV', 'PATCH_ZLIB_LEVEL', 'DirtyTreeError', 'ProvenanceWarning',
-           'notebook_code', 'stripped_notebook', 'git_info', 'git_patch', 'ignore_line', 'check_clean',
-           'installed_packages', 'packages_hash', 'numeric_switches', 'cpu_kernels', 'environment_info', 'env_diff',
-           'entry_point', 'cells_script', 'cells_notebook', 'write_cells', 'run_provenance', 'RankMismatchError',
-           'check_ranks_agree', 'pack_git', 'unpack_git', 'pack_entry', 'unpack_entry']
+           'PATCH_ZLIB_LEVEL', 'DirtyTreeError', 'ProvenanceWarning', 'notebook_code', 'stripped_notebook', 'git_info',
+           'git_patch', 'ignore_line', 'check_clean', 'run_provenance', 'RankMismatchError', 'check_ranks_agree',
+           'pack_git', 'unpack_git', 'pack_entry', 'unpack_entry']
 
 # %% ../nbs/10_provenance.ipynb #9454b67c
 class DirtyTreeError(RuntimeError):
@@ -44,13 +40,7 @@ def _git(repo:git.Repo, *args, istream=None, **env) -> bytes:
     return repo.git.execute(['git', *args], istream=istream, env={**_GIT_ENV, **env}, stdout_as_string=False,
                             strip_newline_in_stdout=False)
 
-def _open_repo(path) -> git.Repo|None:
-    "The repository containing `path`, or None when there is none (the caller closes it)"
-    try: return git.Repo(path, search_parent_directories=True)
-    except git.InvalidGitRepositoryError: return None
-
-# lossless for any file name or content encoding
-def _decode(b:bytes) -> str: return b.decode('utf-8', 'surrogateescape')
+def _decode(b:bytes) -> str: return b.decode('utf-8', 'surrogateescape')  # lossless for any file name or encoding
 
 # %% ../nbs/10_provenance.ipynb #f627c61e
 _STATUS_FIELDS = {'1': 8, '2': 9, 'u': 10}  # fixed fields before the path, per entry type of porcelain v2
@@ -74,10 +64,6 @@ def _parse_status(raw:bytes) -> dict:
             if xy[1] != '.': res['modified'].update(paths)
             if e[0] == '1' and fields[6] != _NO_BLOB: res['heads'][paths[0]] = fields[6]
     return {k: sorted(v) if isinstance(v, set) else v for k,v in res.items()}
-
-def _status(repo:git.Repo) -> dict:
-    "The parsed porcelain v2 status of `repo`"
-    return _parse_status(_git(repo, 'status', '--porcelain=v2', '--branch', '-z', '--untracked-files=all'))
 
 # %% ../nbs/10_provenance.ipynb #69f6d8f6
 # Source and configuration files are KBs; a larger changed file is data, weights or an output,
@@ -103,17 +89,9 @@ def _imported(root:str) -> set:
     _imported_cache[root] = key, res
     return res
 
-def _relative(path, root:str|None) -> str:
-    "`path` relative to the repository `root` when it is inside (POSIX separators), else absolute"
-    p = os.path.abspath(path)
-    if root and (p == root or p.startswith(os.path.join(root, ''))): return Path(os.path.relpath(p, root)).as_posix()
-    return p
-
-def _under(path:str, folders) -> bool: return any(path == f or path.startswith(f + '/') for f in folders)
-
 def _is_code(root:str, path:str, imported:set, outputs:list) -> bool:
     "Is the changed file `path` (relative to `root`) code the run can execute? (a notebook: if its code changed)"
-    if _under(path, outputs): return False
+    if any(path == o or path.startswith(o + '/') for o in outputs): return False
     name = path.rsplit('/', 1)[-1]
     if not (path in imported or name.endswith(CODE_SUFFIXES) or any(fnmatch.fnmatch(name, p) for p in CODE_NAMES)):
         return False
@@ -142,10 +120,6 @@ def stripped_notebook(nb:dict, # a notebook (nbformat 4, as JSON)
         return {**c, 'outputs': [], 'execution_count': None} if c.get('cell_type') == 'code' else c
     top = base or {**nb, 'metadata': {k: v for k, v in nb.get('metadata', {}).items() if k == 'kernelspec'}}
     return {**top, 'cells': [_cell(c) for c in nb.get('cells', [])]}
-
-def _notebook_bytes(nb:dict) -> bytes:
-    "`nb` as Jupyter and nbdev write it"
-    return (json.dumps(nb, sort_keys=True, indent=1, ensure_ascii=False) + '\n').encode()
 
 def _read_notebook(b:bytes) -> dict|None:
     "The notebook in `b`, None when it is not one (a half-saved file)"
@@ -230,34 +204,20 @@ def _code_changes(repo:git.Repo, st:dict, outputs) -> tuple:
     return changes, notebooks, [p for p in changes['untracked'] if p in imported]
 
 # %% ../nbs/10_provenance.ipynb #bb8a86d5
-def _scrub(url:str) -> str:
-    "`url` without its user/password part"
-    return re.sub(r'(?<=://)[^/@]+@', '', url)
-
-def _remotes(repo:git.Repo) -> dict:
-    return {r.name: _scrub(r.url) for r in repo.remotes}
-
 _NOT_A_REPO = dict(root=None, commit=None, branch=None, remotes={}, remote_url=None, dirty=None,
                    modified=[], staged=[], untracked=[], imported=[], diff_hash=None)
-
-def _warn_outside(path:Path):
-    if path in _warned_outside: return
-    _warned_outside.add(path)
-    warnings.warn(f"{path} is not inside a git repository: runs started here record no commit, so the code that "
-                  "produced them cannot be identified or rebuilt later. Put the project under git "
-                  "(`git init`, then commit) to record it.", ProvenanceWarning, stacklevel=4)
 
 # %% ../nbs/10_provenance.ipynb #2e5e2dd3
 def _inspect(path:Path, outputs=()) -> tuple:
     "`git_info`'s dict for the repository containing `path`, and the raw patch (None when the code is committed)"
-    repo = _open_repo(path)
-    if repo is None: return dict(is_repo=False, **_NOT_A_REPO), None
+    try: repo = git.Repo(path, search_parent_directories=True)  # the caller's repository, searched upwards
+    except git.InvalidGitRepositoryError: return dict(is_repo=False, **_NOT_A_REPO), None
     with repo:
-        st = _status(repo)
+        st = _parse_status(_git(repo, 'status', '--porcelain=v2', '--branch', '-z', '--untracked-files=all'))
         changes, notebooks, imported = _code_changes(repo, st, outputs)
         paths = sorted({p for ps in changes.values() for p in ps})
         patch = _cached_patch(repo, st['commit'], paths, notebooks) if paths else None
-        remotes = _remotes(repo)
+        remotes = {r.name: re.sub(r'(?<=://)[^/@]+@', '', r.url) for r in repo.remotes}  # without user:password
         return dict(is_repo=True, root=str(repo.working_tree_dir), commit=st['commit'], branch=st['branch'],
                     remotes=remotes, remote_url=remotes.get('origin', first(remotes.values())), dirty=patch is not None,
                     **changes, imported=imported, diff_hash=None if patch is None else digest(patch, None)), patch
@@ -266,10 +226,13 @@ def _git_state(path, outputs=()) -> tuple:
     "`_inspect(path, outputs)`, warning once when `path` is not in a repository"
     path = Path(path).resolve()
     info, patch = _inspect(path, outputs)
-    if not info['is_repo']: _warn_outside(path)
+    if not info['is_repo'] and path not in _warned_outside:
+        _warned_outside.add(path)
+        warnings.warn(f"{path} is not inside a git repository: runs started here record no commit, so the code that "
+                      "produced them cannot be identified or rebuilt later. Put the project under git "
+                      "(`git init`, then commit) to record it.", ProvenanceWarning, stacklevel=3)
     return info, patch
 
-# %% ../nbs/10_provenance.ipynb #f8f6b0a7
 def git_info(path='.', # a directory inside the repository (the repository is searched upwards)
              outputs=(), # folders a run writes to (checkpoints, exports): their files are never code
             ) -> dict:
@@ -322,165 +285,6 @@ def check_clean(info:dict, # the result of `git_info`
                              "could not be reproduced. Commit (or stash) these changes, or pass allow_dirty=True to "
                              "record the patch with the run." + _output_hint(info))
     return info
-
-# %% ../nbs/10_provenance.ipynb #e4143b59
-BIT_IDENTITY_FIELDS = ('python', 'torch', 'fastai', 'fastcore', 'fastrepro', 'numpy', 'cuda', 'cudnn', 'cuda_available',
-                       'gpus', 'cpu', 'machine', 'system', 'num_threads', 'switches', 'packages_hash', 'cpu_kernels',
-                       'libc')
-
-def _dist_name(name:str) -> str: return re.sub(r'[-_.]+', '-', name).lower()  # PEP 503 normalisation
-
-@functools.cache
-def installed_packages() -> tuple:
-    "Sorted `name==version` of every installed distribution (read once per process)"
-    return tuple(sorted({f"{_dist_name(d.metadata['Name'])}=={d.version}" for d in importlib_metadata.distributions()
-                         if d.metadata['Name']}))
-
-@functools.cache
-def packages_hash() -> str:
-    "sha256 of `installed_packages` (cached: installing packages during a process is not seen)"
-    return digest('\n'.join(installed_packages()), None)
-
-# %% ../nbs/10_provenance.ipynb #e06bc537
-def _cpu_model() -> str:
-    "The CPU model name from /proc/cpuinfo, else what `platform` knows"
-    return cpuinfo('model name') or platform.processor() or platform.machine()
-
-@functools.cache
-def _static_info() -> dict:
-    "The facts that cannot change while a process runs"
-    cuda = torch.cuda.is_available()
-    return dict(python=platform.python_version(), torch=torch.__version__, fastai=fastai.__version__,
-                fastcore=fastcore.__version__, fastrepro=fastrepro.__version__, numpy=np.__version__,
-                cuda=torch.version.cuda,
-                cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-                cuda_available=cuda,
-                gpus=[torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
-                cpu=_cpu_model(), machine=platform.machine(), system=platform.system(), os=platform.platform(),
-                hostname=socket.gethostname(), packages_hash=packages_hash(), n_packages=len(installed_packages()),
-                libc='-'.join(platform.libc_ver()) or None)  # torch's `default` CPU kernels call its exp, log, tanh
-
-# %% ../nbs/10_provenance.ipynb #5e786cb6
-def numeric_switches() -> dict:
-    "`deterministic_switches` plus the other settings that change results: TF32 use, matmul precision, the hash seed"
-    return dict(deterministic_switches(), cudnn_allow_tf32=torch.backends.cudnn.allow_tf32,
-                matmul_allow_tf32=torch.backends.cuda.matmul.allow_tf32,
-                float32_matmul_precision=torch.get_float32_matmul_precision(),
-                pythonhashseed=os.environ.get('PYTHONHASHSEED'))  # orders sets of strings, e.g. when a vocab is built
-
-def cpu_kernels() -> dict:
-    "The CPU kernels this process runs: torch's instruction set, MKL's CNR code path, oneDNN's ISA limit or 'off'"
-    mkl = torch_mkl()
-    return dict(aten=aten_capability(), mkl_cbwr=mkl_cbwr(),
-                mkl_intel_cpu=None if mkl is None else bool(mkl.mkl_serv_intel_cpu()),  # MKL's branches are Intel-only
-                mkl_instructions=os.environ.get('MKL_ENABLE_INSTRUCTIONS'),
-                onednn=os.environ.get('ONEDNN_MAX_CPU_ISA', 'native') if torch.backends.mkldnn.enabled else 'off')
-
-def environment_info() -> dict:
-    ("Versions, device, threads and deterministic switches of this process, with `env_hash` over those that affect "
-     "bit-identity")
-    info = dict(copy.deepcopy(_static_info()), num_threads=torch.get_num_threads(), switches=numeric_switches(),
-                cpu_kernels=cpu_kernels())
-    info['env_hash'] = digest(json.dumps({k: info[k] for k in BIT_IDENTITY_FIELDS}, sort_keys=True, default=str), None)
-    return info
-
-# %% ../nbs/10_provenance.ipynb #5583cad5
-def _flat(d:dict, prefix='') -> dict:
-    "`d` with nested dicts flattened into dotted keys"
-    res = {}
-    for k,v in d.items():
-        if isinstance(v, dict): res.update(_flat(v, f'{prefix}{k}.'))
-        else: res[f'{prefix}{k}'] = v
-    return res
-
-def env_diff(a:dict, # an `environment_info()` result (e.g. from a checkpoint)
-             b:dict, # another one (e.g. the current process)
-            ) -> dict:
-    "The bit-identity fields that differ between environments `a` and `b`, as {field: (a's value, b's value)}"
-    fa,fb = (_flat({k: o.get(k) for k in BIT_IDENTITY_FIELDS}) for o in (a,b))
-    return {k: (fa.get(k), fb.get(k)) for k in sorted(set(fa)|set(fb)) if fa.get(k) != fb.get(k)}
-
-# %% ../nbs/10_provenance.ipynb #4779a445
-ENTRY_ENV = tuple(dict.fromkeys([  # the variables a run records, those set: what changes numerics or what runs
-    *DETERMINISTIC_ENV, *PORTABLE_ISA, PORTABLE_THREADS_VAR, 'OMP_NUM_THREADS', 'MKL_NUM_THREADS',
-    'OPENBLAS_NUM_THREADS', 'NUMEXPR_NUM_THREADS', 'OPENBLAS_CORETYPE', 'CUBLAS_WORKSPACE_CONFIG',
-    'NVIDIA_TF32_OVERRIDE', 'TORCH_ALLOW_TF32_CUBLAS_OVERRIDE', 'CUDA_VISIBLE_DEVICES', 'CUDA_LAUNCH_BLOCKING',
-    'PYTHONHASHSEED', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'ACCELERATE_USE_CPU', 'ACCELERATE_MIXED_PRECISION']))
-_PYTHON_OPTS_WITH_VALUE = ('-W', '-X', '--check-hash-based-pycs')  # interpreter options whose value follows
-_COMMAND_KINDS = {'-m': 'module', '-c': 'code', '-': 'stdin'}
-
-def _command(argv:list, root:str|None) -> tuple:
-    "(interpreter options, command) of the command line `argv`: the script (relative to `root`) and its arguments"
-    i = 1
-    while i < len(argv) and argv[i].startswith('-') and argv[i] != '-':
-        if argv[i] in ('-m', '-c'): break
-        i += 1 + (argv[i] in _PYTHON_OPTS_WITH_VALUE)
-    cmd = argv[i:]
-    if cmd and cmd[0] not in _COMMAND_KINDS: cmd = [_relative(cmd[0], root), *cmd[1:]]
-    return argv[1:i], cmd
-
-def _launcher() -> dict|None:
-    "The launcher that started this process among several (torchrun, accelerate launch): world size, nodes"
-    e = os.environ
-    if 'TORCHELASTIC_RUN_ID' not in e and 'ACCELERATE_MIXED_PRECISION' not in e: return None
-    world, local = int(e.get('WORLD_SIZE', 1)), int(e.get('LOCAL_WORLD_SIZE', 1))
-    return dict(name='accelerate' if 'ACCELERATE_MIXED_PRECISION' in e else 'torchrun', world_size=world,
-                nproc_per_node=local, nnodes=max(1, world // local))
-
-def _shell():
-    "The IPython shell running this process's cells (a Jupyter kernel, IPython, nbdev's test runner), or None"
-    ipython = sys.modules.get('IPython')
-    return None if ipython is None else ipython.get_ipython()
-
-def entry_point(root:str|None=None, # the repository root that paths are recorded relative to; None: absolute paths
-               ) -> dict:
-    ("How this process was started: its command, working directory, Python, launcher and the environment variables "
-     "that change what runs; in a notebook, its path and the executed cells")
-    shell = _shell()
-    options, command = _command(list(getattr(sys, 'orig_argv', sys.argv)), root)
-    if shell is not None: kind = 'notebook' if hasattr(shell, 'kernel') else 'ipython'
-    else: kind = _COMMAND_KINDS.get(command[0], 'script') if command else 'interactive'
-    notebook = os.environ.get('JPY_SESSION_NAME') or (shell and shell.user_ns.get('__vsc_ipynb_file__'))
-    return dict(kind=kind, command=command, python_options=options, cwd=_relative(os.getcwd(), root),
-                python=platform.python_version(), env={k: os.environ[k] for k in ENTRY_ENV if k in os.environ},
-                launcher=_launcher(), notebook=_relative(notebook, root) if notebook else None,
-                cells=None if shell is None else list(shell.history_manager.input_hist_raw[1:]))
-
-# %% ../nbs/10_provenance.ipynb #d53d6175
-def _cells(entry:dict) -> list:
-    "The executed cells of `entry` (an `entry_point` result), refusing an entry point that was not a notebook run"
-    if not entry or entry.get('cells') is None:
-        raise ValueError(f"This run was not started in a notebook or IPython (entry point kind "
-                         f"{(entry or {}).get('kind')!r}), so no executed cells were recorded: rerun its command.")
-    return entry['cells']
-
-def _as_python(cell:str) -> str:
-    "`cell` as the Python IPython ran (magics as calls), or as it is where IPython is not installed"
-    try: from IPython.core.inputtransformer2 import TransformerManager
-    except ImportError: return cell
-    return TransformerManager().transform_cell(cell)
-
-def cells_script(entry:dict, # an `entry_point` result (`checkpoint_info(f)['entry']`, a ledger record's `entry`)
-                ) -> str:
-    "The cells a notebook run executed, in execution order, as a Python script"
-    return ''.join(f"# %% executed cell {i}\n{_as_python(c).rstrip()}\n\n" for i, c in enumerate(_cells(entry), 1))
-
-def cells_notebook(entry:dict, # an `entry_point` result
-                  ) -> dict:
-    "The cells a notebook run executed, in execution order, as a notebook (nbformat 4, as JSON)"
-    cells = [dict(cell_type='code', id=f'executed-{i}', metadata={}, execution_count=None, outputs=[],
-                  source=c.splitlines(keepends=True)) for i, c in enumerate(_cells(entry), 1)]
-    meta = dict(kernelspec=dict(name='python3', display_name='Python 3', language='python'))
-    return dict(nbformat=4, nbformat_minor=5, metadata=meta, cells=cells)
-
-def write_cells(entry:dict, # an `entry_point` result
-                fname, # a `.py` file (a script) or an `.ipynb` file (a notebook)
-               ) -> Path:
-    "Write the cells a notebook run executed to `fname`, as a script or a notebook by its suffix"
-    fname = Path(fname)
-    if fname.suffix not in ('.py', '.ipynb'): raise ValueError(f"{fname}: write the cells to a .py or an .ipynb file.")
-    fname.write_bytes(cells_script(entry).encode() if fname.suffix == '.py' else _notebook_bytes(cells_notebook(entry)))
-    return fname
 
 # %% ../nbs/10_provenance.ipynb #83c52b00
 def run_provenance(path='.', # a directory inside the repository of the code that runs

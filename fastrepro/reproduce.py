@@ -16,7 +16,9 @@ from .core import digest, training_fit
 from .checkpoint import (CheckpointError, read_checkpoint, split_state, upgrade_state, checkpoint_info,
                                   model_signature, data_fingerprint)
 from .trace import trace_frame, first_divergence, plot_losses, BEFORE_TRAINING, INITIAL_WEIGHTS
-from .provenance import ENTRY_ENV, environment_info, env_diff, git_info, write_cells
+from .environment import environment_info, env_diff
+from .entry import ENTRY_ENV, write_cells
+from .provenance import git_info
 from .ledger import Ledger, LedgerError, REPRODUCTION
 from .trackers import note_runs
 from .preempt import POSITION_KEYS, checkpoint_digests, manifest_path, read_manifest, manifest_key

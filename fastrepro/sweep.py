@@ -85,7 +85,7 @@ def _train_pinned(train_fn, seed:int, with_env:bool) -> dict:
     "Run `train_fn(seed)`: its metrics and times, or the error it raised; the environment with `with_env`"
     env = None
     if with_env:
-        from fastrepro.provenance import environment_info  # imports torch: only when recording
+        from fastrepro.environment import environment_info  # imports torch: only when recording
         env = environment_info()  # inside the pin: the threads and switches the seed runs with
     started, t0 = _now(), time.perf_counter()
     try: metrics, error, trace = _as_metrics(train_fn(seed), seed), None, None

@@ -36,7 +36,7 @@ with warnings.catch_warnings(record=True) as w:
     warnings.simplefilter('always')
     set_portable()
     from fastrepro.demo.run import Demo
-    from fastrepro.provenance import cpu_kernels
+    from fastrepro.environment import cpu_kernels
     run = Demo('test', out=tempfile.mkdtemp(), progress=False).reference
 said = [str(o.message) for o in w if 'Not portable' in str(o.message)]
 print('RESULT', json.dumps(dict(lm=run.lm.digest[:12], clas=run.clas.digest[:12], kernels=cpu_kernels(),
