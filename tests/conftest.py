@@ -23,6 +23,8 @@ CLI_TIMEOUT_S = hang_limit(10)  # a command refused for bad input answers in sec
 sys.path.insert(0, str(ROOT))  # this checkout's fastrepro
 from fastrepro.portable import DETERMINISTIC_ENV  # imports no torch
 
+STARTED_ENV = dict(os.environ)  # the environment pytest was started in, before the variables below
+
 # MKL and OpenMP read these when they start, in this process and in every process a test starts: MKL's conditional
 # numerical reproducibility and no dynamic threading (issue 12), the same in all of them whatever ran MKL first
 for k, v in DETERMINISTIC_ENV.items(): os.environ.setdefault(k, v)

@@ -51,8 +51,8 @@ def test_same_table_and_notebooks_exist():
 
 def test_readme_test_command_is_ci_s():
     cmd = next(l.split('  #')[0].strip() for b in fenced(readme(), 'sh') for l in b.splitlines()
-               if l.startswith('nbdev-test'))
-    assert cmd == 'nbdev-test --n-workers 1 && python -m pytest -q -n auto --dist loadfile tests'
+               if l.startswith('python -m pytest'))
+    assert cmd == 'python -m pytest -q -n auto --dist loadfile tests'
     assert cmd in (ROOT/'.ci'/'run').read_text().splitlines(), "`.ci/run` runs another test command than the README"
 
 
