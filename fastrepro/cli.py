@@ -272,8 +272,8 @@ def demo_command(args):
     ("Run the ULMFiT reproducibility demo: same seed same bits, kill and resume, fp16 loss scale, a hidden draw found, "
      "a change over seeds, the fast loop")
     with warnings.catch_warnings():
-        # deprecation notices of fastai's own imports, not the user's to act on
-        warnings.simplefilter('ignore', FutureWarning)
+        # deprecation notices of fastai's own imports (torch's, pandas'), not the user's to act on
+        for category in (FutureWarning, DeprecationWarning): warnings.simplefilter('ignore', category)
         from fastrepro.demo.run import run_demo  # imports torch and fastai: only for this command
     return run_demo(args.profile, n_seeds=args.seeds, data=args.data, out=args.out, workers=args.workers)
 
@@ -288,7 +288,8 @@ def selftest_command(args):
     ("Check fastrepro's guarantees on this installation and hardware (same seed same bits, resume at an epoch "
      "boundary and inside one, DataLoader workers, mixed precision) in about a minute, before a long job")
     with warnings.catch_warnings():
-        warnings.simplefilter('ignore', FutureWarning)  # deprecation notices of fastai's own imports
+        for category in (FutureWarning, DeprecationWarning):  # deprecation notices of fastai's own imports
+            warnings.simplefilter('ignore', category)
         from fastrepro.proof import selftest, SelftestError, EXIT_FAILED, EXIT_CANNOT_RUN  # imports fastai
     try: res = selftest(ledger=args.ledger, tmp=args.tmp, timeout=args.timeout)
     except SelftestError as e:
