@@ -36,7 +36,7 @@ def worker(inprocess:bool):
     if inprocess:
         from fastrepro.kernels import set_portable
         set_portable()  # first, before any tensor work: what `seed_everything(seed, portable=True)` at the top does
-    from fastrepro.demo.run import Demo
+    from fastrepro.demo.core import Demo
     from fastrepro.environment import cpu_kernels
     from fastrepro.kernels import portable_problems
     import torch

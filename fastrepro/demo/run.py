@@ -6,43 +6,28 @@ Docs: https://fastrepro.github.io/fastrepro/demo.html.md"""
 
 # %% ../../nbs/16_demo.ipynb #857bdd2f
 from __future__ import annotations
-import os, sys, json, time, shutil, socket, signal, random, hashlib, warnings, functools, traceback, subprocess, \
-    dataclasses, textwrap, shlex
+import sys, json, time, shutil, signal, warnings, shlex, multiprocessing
 from contextlib import contextmanager
-from concurrent.futures import ProcessPoolExecutor
-import multiprocessing
-from dataclasses import dataclass, field
-from collections import namedtuple
 from functools import partial
-from urllib.parse import urlparse
-import numpy as np, pandas as pd
-import fastai
 from fastai.text.all import *
-from fastprogress.fastprogress import master_bar, progress_bar
-import fastrepro
-from ..rng import seed_everything
-from ..callback import ReproCB
 # also adds `Learner.to_repro_fp16`, `loss_scale_history`, `plot_loss_scale`
 from ..fp16 import ReproMixedPrecision
 from ..checkpoint import checkpoint_info
-from ..trace import first_divergence, save_trace, state_digest, RunRecord, same_run, plot_losses
-from ..stats import compare, ablation, seeds_needed, MIN_SEEDS
+from ..trace import first_divergence, save_trace, RunRecord, same_run, plot_losses
+from ..stats import compare, ablation, seeds_needed
 from ..sweep import repeat
 from .ulmfit import *
 from .jobs import Job, job_process, job_error, STOP_EPOCH, RESUME_SEED_OFFSET, JOB_FILE, JOB_TIMEOUT_S
 from ..reproduce import reproduce, rebuild_problem
+from .core import *
 
 # %% auto #0
-__all__ = ['SEED', 'N_SEEDS', 'CPU_THREADS', 'STRAY_ITER', 'FP16_INIT_SCALE', 'FP16_GROWTH_INTERVAL', 'FP16_CPU_EPOCHS',
-           'VARIANT_DROP_MULT', 'VARIANT_WD', 'METRIC', 'EXIT_FAILED', 'NEVER_ITER', 'DEMO_CHECKS', 'CheckResult',
-           'demo_check', 'cpu_threads', 'ULMFiTRun', 'Demo', 'check_same_seed', 'check_resume', 'check_fp16',
+__all__ = ['STRAY_ITER', 'FP16_INIT_SCALE', 'FP16_GROWTH_INTERVAL', 'FP16_CPU_EPOCHS', 'VARIANT_DROP_MULT', 'VARIANT_WD',
+           'METRIC', 'NEVER_ITER', 'EXIT_FAILED', 'DEMO_CHECKS', 'check_same_seed', 'check_resume', 'check_fp16',
            'StrayDraw', 'check_nondeterminism', 'arms', 'train_arm', 'seed_pool', 'check_variants', 'profile_table',
-           'module_types', 'check_fast_loop', 'check_reproduce', 'format_table', 'report_markdown', 'run_demo']
+           'module_types', 'check_fast_loop', 'check_reproduce', 'run_demo']
 
 # %% ../../nbs/16_demo.ipynb #8b6f2714
-SEED = 42                # the demo's run seed
-N_SEEDS = MIN_SEEDS      # seeds per arm of check 5 (fewer give no usable estimate of the spread)
-CPU_THREADS = 1          # torch CPU threads of every run and subprocess of the demo (None: leave torch's default)
 STRAY_ITER = 5           # check 4 draws one stray random number just before this training iteration
 FP16_INIT_SCALE = 2.**20 # check 3's first loss scale: high, so that the scaler must back off (PyTorch's default: 2**16)
 FP16_GROWTH_INTERVAL = 5 # clean steps before the scale doubles (PyTorch's default: 2000), so a short run shows growth
@@ -52,190 +37,8 @@ VARIANT_DROP_MULT = 1.0  # change A of check 5: the classifier's dropout multipl
 VARIANT_WD = 0.1         # change B of check 5: weight decay (fastai's default for Adam: 0.01)
 # the metric check 5 compares (lower is better): accuracy on a few dozen texts moves in big steps
 METRIC = 'valid_loss'
+NEVER_ITER = 10**9  # check 7's re-run: the preempt job's SIGTERM at an iteration it never reaches (its callbacks kept)
 EXIT_FAILED = 1          # exit code of `fastrepro demo` when a check fails
-
-# %% ../../nbs/16_demo.ipynb #c78b972f
-@dataclass
-class CheckResult:
-    "One row of the demo's report, and what the check produced"
-    check:str # what is checked, in a few words
-    passed:bool # whether the property held
-    detail:str # the numbers behind the verdict
-    artifacts:dict = field(default_factory=dict) # plots and traces written (file names), tables and values (JSON-ready)
-    seconds:float = 0. # how long the check took
-    skipped:bool = False # the check could not run here (the detail says why); it fails nothing
-
-    @property
-    def result(self) -> str: return 'skipped' if self.skipped else 'passed' if self.passed else 'FAILED'
-
-    def row(self) -> dict:
-        "The report row: check | result | detail | seconds"
-        return {'check': self.check, 'result': self.result, 'detail': self.detail, 'seconds': round(self.seconds, 1)}
-
-    def plots(self, out='.') -> list:
-        "Paths of the PNG plots among the artifacts, in folder `out`"
-        return [Path(out)/v for v in self.artifacts.values() if isinstance(v, str) and v.endswith('.png')]
-
-    def _repr_markdown_(self):
-        r = self.row()
-        return f"**{r['check']}: {r['result']}** ({r['seconds']} s)\n\n{r['detail']}"
-
-# %% ../../nbs/16_demo.ipynb #73e97525
-def demo_check(title:str, # the check's name in the report
-              ):
-    ("Decorator making `f(demo) -> (passed, detail, artifacts)` a check: run under the demo's CPU threads, timed, "
-     "a `CheckResult` (`passed` None: skipped, the detail says why)")
-    def _deco(f):
-        @functools.wraps(f)
-        def _check(demo, *args, **kwargs) -> CheckResult:
-            t0 = time.perf_counter()
-            with cpu_threads(demo.threads): passed, detail, artifacts = f(demo, *args, **kwargs)
-            return CheckResult(title, passed is None or bool(passed), detail, artifacts, time.perf_counter() - t0,
-                               skipped=passed is None)
-        _check.title = title
-        return _check
-    return _deco
-
-@contextmanager
-def cpu_threads(n:int|None, # torch CPU threads inside the block (None: leave as is)
-               ):
-    "Run the block with `n` torch CPU threads, then put the previous count back"
-    before = torch.get_num_threads()
-    if n: torch.set_num_threads(n)
-    try: yield
-    finally: torch.set_num_threads(before)
-
-# %% ../../nbs/16_demo.ipynb #4bfb1c50
-@dataclass
-class ULMFiTRun:
-    "One run of the ULMFiT path: its folder (encoder and checkpoints), vocabulary, and the records of its two stages"
-    path:Path; vocab:list; lm:RunRecord; clas:RunRecord
-    git:dict # the code's provenance as `ReproCB` recorded it (commit, dirty, patch)
-    device:str # where it trained
-    seconds:float # wall time of the two stages
-
-# %% ../../nbs/16_demo.ipynb #3db6ffa1
-class Demo:
-    "The ULMFiT reproducibility demo: the data, profile, seeds, output folder and reference run its checks share"
-    def __init__(self,
-        profile:str|Profile='fast', # 'test' (a minute), 'fast' (fast loop, minutes on CPU) or 'full' (real ULMFiT, GPU)
-        n_seeds:int=N_SEEDS, # seeds per arm of check 5
-        data=None, # a CSV of labelled texts (`read_text_csv`); None: fastai's IMDB sample
-        out='fastrepro-demo', # folder for the report, the plots, the traces and the runs' files
-        seed:int=SEED, # the run seed
-        threads:int|None=CPU_THREADS, # torch CPU threads of the runs (None: leave as is)
-        progress:bool=True, # show fastai-style progress bars
-        workers:int=0, # processes that train check 5's seeds side by side (0: one after another in this process)
-    ):
-        self.profile, self.seed, self.threads, self.progress, self.data = (get_profile(profile), seed, threads,
-                                                                           progress, data)
-        if workers < 0: raise ValueError(f"workers={workers}: give a number of processes, or 0 to run here.")
-        self.workers = workers
-        if n_seeds < 2:
-            raise ValueError(f"n_seeds={n_seeds}: comparing over seeds needs at least 2 per arm (better {MIN_SEEDS}).")
-        self.n_seeds, self.out = n_seeds, Path(out)
-        if self.out.exists() and not self.out.is_dir():
-            raise ValueError(f"{self.out} exists and is not a folder: pass another --out.")
-        self.df = labelled_texts(data, self.profile, seed)
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.work = self.out/'runs'
-        self.pretrained, self.weights = pretrained_weights(self.profile)
-        self._ref, self._mb = None, None
-
-    def __repr__(self):
-        return f"Demo({self.profile.name!r}, n_seeds={self.n_seeds}, seed={self.seed}, out='{self.out}')"
-
-    def _steps(self, steps:list) -> list:
-        "Run `steps`, `(label, function)` pairs, under a progress bar; their results"
-        if not self.progress: return [f() for _, f in steps]
-        pb, res = progress_bar(steps, parent=self._mb, leave=self._mb is None), []
-        # fastprogress names a master bar's children "Epoch i/n": checks here
-        if self._mb is not None and hasattr(pb, 'prefix'):
-            pb.prefix = f"Check {(self._mb.main_bar.last_v or 0) + 1}/{self._mb.main_bar.total} :"
-        for label, f in pb:
-            pb.comment = label
-            res.append(f())
-        return res
-
-    def _plot(self, fig, name:str) -> str:
-        "Save `fig` as `name`.png in the output folder and close it; the file name"
-        fig.savefig(self.out/f'{name}.png', dpi=100, bbox_inches='tight')
-        plt.close(fig)
-        return f'{name}.png'
-
-    def _ulmfit(self, name:str, disturb:bool=False) -> ULMFiTRun:
-        "One run of the whole ULMFiT path in folder `runs/name`"
-        t0, path = time.perf_counter(), self.work/name
-        lm = ulmfit_lm(self.df, self.profile, self.seed, path, pretrained=self.pretrained, disturb=disturb)
-        lm_rec, vocab, git, device = RunRecord.of(lm), lm.dls.vocab, lm.repro_cb.provenance.git, str(lm.dls.device)
-        del lm
-        clas = train_classifier(ulmfit_classifier(self.df, vocab, self.profile, self.seed, path, disturb=disturb),
-                                self.profile)
-        return ULMFiTRun(path, vocab, lm_rec, RunRecord.of(clas), git, device, time.perf_counter() - t0)
-
-    @property
-    def reference(self) -> ULMFiTRun:
-        "Run A, the uninterrupted reference run the checks compare with (run on first use)"
-        if self._ref is None:
-            with cpu_threads(self.threads): self._ref = self._ulmfit('A')
-        return self._ref
-
-    def _classifier(self, seed:int|None=None, **kwargs) -> Learner:
-        "A classifier of the ULMFiT path on run A's encoder, built (`ulmfit_classifier` arguments in `kwargs`)"
-        ref = self.reference
-        return ulmfit_classifier(self.df, ref.vocab, self.profile, self.seed if seed is None else seed, ref.path,
-                                 **kwargs)
-
-    def arm(self, **change):
-        "Check 5's `train_fn(seed)` for the arm `change`; a picklable function, so its seeds can run in other processes"
-        ref = self.reference
-        return partial(train_arm, self.df, ref.vocab, self.profile, ref.path, **change)
-
-    def run(self, checks=None, # the checks to run (default: `DEMO_CHECKS`, all seven)
-           ) -> list:
-        "Run the checks under a fastai-style progress bar; a check that crashes is a failed row (traceback on stderr)"
-        checks, res = list(checks or DEMO_CHECKS), []
-        self._mb = master_bar(checks) if self.progress else None
-        try:
-            for check in (self._mb if self.progress else checks):
-                if self.progress: self._mb.main_bar.comment = check.title
-                try: r = check(self)
-                except DataError: raise
-                except Exception as e:
-                    print(traceback.format_exc(), file=sys.stderr)
-                    r = CheckResult(check.title, False, f"crashed: {type(e).__name__}: {e}")
-                res.append(r)
-                if self.progress: self._mb.write(f"{r.check}: {r.result} ({r.seconds:.0f} s)")
-        finally: self._mb = None
-        return res
-
-    def info(self) -> dict:
-        "What the report's header says: profile, data, device, threads, weights, code provenance, versions"
-        ref, n_valid = self.reference, int(self.df[VALID_COL].sum())
-        git = ref.git or {}
-        code = ('not a git repository' if not git.get('commit') else
-                f"commit {git['commit'][:12]}"
-                + (' + uncommitted changes (the patch is recorded in every checkpoint)' if git.get('dirty') else ''))
-        return {'profile': self.profile.name, 'seed': self.seed, 'seeds per arm': self.n_seeds,
-                'data': (f"{self.data or 'IMDB sample'}: {len(self.df) - n_valid} training and {n_valid} "
-                         "validation texts"),
-                'device': ref.device, 'CPU threads': torch.get_num_threads() if self.threads is None else self.threads,
-                'weights': self.weights, 'code': code,
-                'versions': (f"fastrepro {fastrepro.__version__}, fastai {fastai.__version__}, "
-                             f"torch {torch.__version__}")}
-
-    def report(self, results:list) -> pd.DataFrame:
-        "The report table: check | result | detail | seconds"
-        return pd.DataFrame([r.row() for r in results])
-
-    def write_report(self, results:list) -> tuple:
-        "Write `report.md` and `report.json` to the output folder; their paths"
-        info = dict(self.info(), **{'total seconds': round(sum(r.seconds for r in results), 1)})
-        md, js = self.out/'report.md', self.out/'report.json'
-        md.write_text(report_markdown(info, results))
-        js.write_text(json.dumps(dict(info=info, passed=all(r.passed for r in results),
-                                      checks=[dataclasses.asdict(r) for r in results]), indent=1, default=str))
-        return md, js
 
 # %% ../../nbs/16_demo.ipynb #e9256889
 @demo_check('same seed, same bits')
@@ -349,7 +152,6 @@ def arms() -> dict:
     a, b = dict(drop_mult=VARIANT_DROP_MULT), dict(wd=VARIANT_WD)
     return {'baseline': {}, f'A: drop_mult {VARIANT_DROP_MULT:g}': a, f'B: wd {VARIANT_WD:g}': b, 'A+B': {**a, **b}}
 
-# %% ../../nbs/16_demo.ipynb #955ed3aa
 def _plot_arms(runs:pd.DataFrame, metric:str=METRIC):
     "Each arm's per-seed values of `metric`, with their mean"
     fig, ax = plt.subplots(figsize=(8, 3.5))
@@ -362,7 +164,6 @@ def _plot_arms(runs:pd.DataFrame, metric:str=METRIC):
 
 def _jsonable(df:pd.DataFrame) -> list: return json.loads(df.reset_index().to_json(orient='records'))
 
-# %% ../../nbs/16_demo.ipynb #392934ab
 def train_arm(df:pd.DataFrame, vocab:list, profile:Profile, path:Path, # the demo's data, run A's vocabulary and folder
               seed:int, # the arm's run seed
               **change, # the arm's `ulmfit_classifier` arguments
@@ -389,9 +190,10 @@ def seed_pool(workers:int): # processes (0: none)
 @demo_check('change over seeds')
 def check_variants(demo:Demo):
     "Check 5: baseline vs `drop_mult` over several seeds (`compare`), the A/B/A+B `ablation`, and `seeds_needed`"
-    seeds, arm_kw = [demo.seed + i for i in range(demo.n_seeds)], arms()
+    seeds, arm_kw, ref = [demo.seed + i for i in range(demo.n_seeds)], arms(), demo.reference
+    train = partial(train_arm, demo.df, ref.vocab, demo.profile, ref.path)  # picklable, for other processes
     with seed_pool(demo.workers) as ex:
-        runs = demo._steps([(f'{name}, {len(seeds)} seeds', partial(repeat, demo.arm(**kw), seeds, executor=ex))
+        runs = demo._steps([(f'{name}, {len(seeds)} seeds', partial(repeat, partial(train, **kw), seeds, executor=ex))
                             for name, kw in arm_kw.items()])
     runs = pd.concat([r.assign(arm=name) for name, r in zip(arm_kw, runs)], ignore_index=True)
     v = [runs.loc[runs.arm == name, METRIC].to_numpy() for name in arm_kw]
@@ -462,9 +264,6 @@ def check_fast_loop(demo:Demo):
               f"Here, run A of the {demo.profile.name} profile took {ref.seconds:.0f} s on {ref.device}.")
     return ta == tb, detail, dict(profiles=json.loads(tbl.to_json()))
 
-# %% ../../nbs/16_demo.ipynb #85721295
-NEVER_ITER = 10**9  # check 7's re-run: the preempt job's SIGTERM at an iteration it never reaches (its callbacks kept)
-
 # %% ../../nbs/16_demo.ipynb #85721296
 @demo_check('reproduced from one file')
 def check_reproduce(demo:Demo):
@@ -492,31 +291,6 @@ def check_reproduce(demo:Demo):
     return r.reproduced, detail, dict(verdict=r.verdict, exit_code=r.exit_code, position=p,
                                       report='reproduce/report.md')
 
-
-# %% ../../nbs/16_demo.ipynb #48adb74f
-def format_table(results:list, # `CheckResult`s
-                 width:int=100, # wrap the detail column at this width
-                ) -> str:
-    "The report as a plain-text table: check | result | detail"
-    w = max(len(r.check) for r in results)
-    lines = [f"{'check':<{w}}  {'result':<7}  detail", f"{'-'*w}  -------  {'-'*max(10, width-w-11)}"]
-    for r in results:
-        wrapped = textwrap.wrap(r.detail, max(20, width-w-11)) or ['']
-        lines.append(f"{r.check:<{w}}  {r.result:<7}  {wrapped[0]}")
-        lines += [f"{'':<{w}}  {'':<7}  {l}" for l in wrapped[1:]]
-    return '\n'.join(lines)
-
-def report_markdown(info:dict, # `Demo.info()`
-                    results:list, # `CheckResult`s
-                   ) -> str:
-    "The report as Markdown: the header, the table, the plots"
-    md = ['# fastrepro demo report', ''] + [f"- **{k}**: {v}" for k, v in info.items()] + ['']
-    md += ['| check | result | detail | seconds |', '|---|---|---|---|']
-    md += [f"| {r.check} | {r.result if r.passed else '**FAILED**'} | {r.detail.replace('|', '/')} | {r.seconds:.1f} |"
-           for r in results]
-    for r in results: md += ['', f"## {r.check}", ''] + [f"![{r.check}]({p.name})" for p in r.plots()]
-    return '\n'.join(md) + '\n'
-
 # %% ../../nbs/16_demo.ipynb #a8d9ce3b
 # in order
 DEMO_CHECKS = (check_same_seed, check_resume, check_fp16, check_nondeterminism, check_variants, check_fast_loop,
@@ -535,7 +309,7 @@ def run_demo(profile:str='fast', # 'test', 'fast' or 'full'
      "0 when all passed, else `EXIT_FAILED`")
     t0 = time.perf_counter()
     demo = Demo(profile, n_seeds, data, out, seed, progress=progress, workers=workers)
-    results = demo.run()
+    results = demo.run(DEMO_CHECKS)
     md, _ = demo.write_report(results)
     n_skipped = sum(r.skipped for r in results)
     print(f"\n{format_table(results)}\n\nfastrepro demo, profile {demo.profile.name}: "
