@@ -32,7 +32,8 @@ def run(cfg:Config) -> list:
     from fastrepro.callback import ReproCB
     from fastrepro.preempt import CheckpointCB
     from fastrepro.rng import seed_everything
-    from fastrepro.data import pass_position, resumed_pass_differs, data_streams
+    from fastrepro.data import data_streams
+    from fastrepro.passes import pass_position, resumed_pass_differs
     n = QUICK_ROWS if cfg.quick else N_ROWS
     df = frame(n)
 

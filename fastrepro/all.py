@@ -18,8 +18,8 @@ from .checkpoint import CheckpointError, ResumeError, checkpoint_info, read_chec
 from .checkpoint import checkpoint_summary, checkpoint_upgrade, CheckpointWriteError
 from .callback import ReproCB, FitRecord, UnseededStartWarning
 from .preempt import CheckpointCB
-from .data import make_deterministic, undo_deterministic, set_epoch, pass_problem
-from .data import loader_differences, FastaiMismatchWarning
+from .data import make_deterministic, undo_deterministic, set_epoch
+from .passes import pass_problem, loader_differences, FastaiMismatchWarning
 from .fp16 import ReproMixedPrecision  # also Learner.to_repro_fp16, loss_scale_history, plot_loss_scale
 from .audit import NondeterminismError, NondeterminismWarning, audit_model, audit_switches, fix_rnn_dropout
 from .trace import first_divergence, save_trace, load_trace, state_digest, RunRecord, same_run, plot_losses

@@ -6,24 +6,19 @@ Docs: https://fastrepro.github.io/fastrepro/checkpoint.html.md"""
 
 # %% ../nbs/02_checkpoint.ipynb #95a33e88
 from __future__ import annotations
-import os, sys, shutil, ctypes, importlib, pickle, hashlib, zipfile, tempfile, warnings, functools
+import os, sys, shutil, ctypes, importlib, pickle, zipfile, tempfile, warnings, functools
 import errno as errno_module
 from fastai.basics import *
 from fastai.text.learner import TextLearner, clean_raw_keys
-from fastai.callback.tracker import TrackerCallback, ReduceLROnPlateau
-from fastai.callback.training import GradientAccumulation
-import pandas as pd
 from .core import *
 from .distrib import distributed, gather
+from .data import data_signature
 
 # %% auto #0
 __all__ = ['STATE_KEY', 'FORMAT_VERSION', 'TMP_PREFIX', 'DURABLE', 'CheckpointError', 'ResumeError', 'atomic_torch_save',
            'CheckpointWriteError', 'write_failure', 'fastai_safe_globals', 'read_checkpoint', 'split_state',
-           'model_signature', 'data_signature', 'data_fingerprint', 'check_compatible', 'checkpoint_state',
-           'callback_states', 'to_plain', 'checkpoint_summary', 'checkpoint_info', 'recorder_state',
-           'set_recorder_state', 'grad_presence', 'set_grad_presence', 'carried_state', 'set_carried_state',
-           'metric_states', 'set_metric_states', 'fastai_callback_states', 'set_fastai_callback_states',
-           'checkpoint_upgrade', 'upgrade_state']
+           'model_signature', 'check_compatible', 'checkpoint_state', 'callback_states', 'to_plain',
+           'checkpoint_summary', 'checkpoint_info', 'checkpoint_upgrade', 'upgrade_state']
 
 # %% ../nbs/02_checkpoint.ipynb #f299278a
 STATE_KEY = '__fastrepro__'   # where fastrepro's state lives inside the optimizer entry
@@ -150,38 +145,6 @@ def model_signature(model) -> dict:
     "Names and shapes of every parameter and buffer of `model`, and their digest"
     shapes = {k: list(v.shape) for k, v in get_model(model).state_dict().items()}
     return {'digest': digest(sorted(shapes.items())), 'shapes': shapes}
-
-def data_signature(dls) -> dict:
-    "What identifies the data a model was trained on: the vocabulary (for text) and its digest"
-    vocab = getattr(dls, 'vocab', None)
-    if vocab is None: return {}
-    parts = list(vocab) if len(vocab) and is_listy(vocab[0]) else [vocab]
-    # a classifier's `dls.vocab` is a new list at each access, of the same (text, labels) vocabularies
-    key = tuple((id(v), len(v)) for v in parts)
-    cached = dls.__dict__.get('_repro_data_signature')
-    if cached and cached[0] == key: return cached[1]
-    flat = [list(map(str, v)) for v in parts]
-    sig = {'vocab_digest': digest(flat), 'vocab_sizes': [len(v) for v in flat]}
-    dls.__dict__['_repro_data_signature'] = (key, sig)
-    return sig
-
-# %% ../nbs/02_checkpoint.ipynb #fa3fe672
-def _frame_hash(df:pd.DataFrame) -> int:
-    "pandas' hash of `df`'s rows; cells pandas cannot hash (a text classifier's tokens, fastai's `L`) by their repr"
-    try: return int(pd.util.hash_pandas_object(df, index=True).sum())
-    except TypeError: return int(pd.util.hash_pandas_object(df.map(lambda v: repr(list(v)) if is_listy(v) else v),
-                                                             index=True).sum())
-
-def data_fingerprint(dls) -> str:
-    "A digest of what identifies `dls`' data: sizes, vocabulary and the items of each dataset"
-    parts = [data_signature(dls)]
-    for dl in getattr(dls, 'loaders', [dls]):
-        items = getattr(getattr(dl, 'dataset', None), 'items', None)
-        if isinstance(items, pd.DataFrame): h = _frame_hash(items)
-        elif items is not None: h = digest([items[i] for i in range(len(items))], None)
-        else: h = None
-        parts.append((len(getattr(dl, 'dataset', [])), h))
-    return digest(parts)
 
 # %% ../nbs/02_checkpoint.ipynb #24b25f7e
 def check_compatible(learn, extra:dict, file):
@@ -339,103 +302,6 @@ def checkpoint_info(path) -> dict:
         _import_own(name)
         if name in _summaries: res.update(_summaries[name](state))
     return res
-
-# %% ../nbs/02_checkpoint.ipynb #046b8959
-def _plain_tensor(t): return torch.as_tensor(t).detach().as_subclass(Tensor).cpu()
-
-def recorder_state(rec) -> dict:
-    "What fastai's `Recorder` keeps of a fit: the smoothed loss, and per iteration and epoch what it records"
-    sl = rec.smooth_loss
-    return {'smooth_count': sl.count, 'smooth_val': _plain_tensor(sl.val).clone(),
-            'losses': _plain_tensor(torch.stack(rec.losses)) if rec.losses else torch.zeros(0),
-            'lrs': torch.tensor([float(o) for o in rec.lrs], dtype=torch.float64), 'iters': [int(o) for o in rec.iters],
-            'values': [[float(v) for v in vals] for vals in rec.values]}
-
-def set_recorder_state(rec, d:dict, device):
-    "Put `d` (from `recorder_state`) back into `rec`, its tensors on `device`"
-    rec.smooth_loss.count, rec.smooth_loss.val = d['smooth_count'], d['smooth_val'].to(device)
-    rec.losses = [o.to(device) for o in d['losses']]
-    rec.lrs, rec.iters = torch.as_tensor(d['lrs'], dtype=torch.float64).tolist(), list(d['iters'])
-    rec.values = [L(v) for v in d['values']]
-
-# %% ../nbs/02_checkpoint.ipynb #83984ee2
-def grad_presence(model) -> list:
-    "Which parameters of `model` hold a `.grad` (fastai's optimizer steps exactly those)"
-    return [p.grad is not None for p in model.parameters()]
-
-def set_grad_presence(model, present:list):
-    "Give the parameters of `model` zero gradients where `present` says, none elsewhere"
-    params = list(model.parameters())
-    if len(params) != len(present):
-        raise ResumeError(f"The checkpoint has {len(present)} parameters, the model {len(params)}.")
-    for p, has in zip(params, present):
-        if has and p.grad is None: p.grad = torch.zeros_like(p)
-        elif has: p.grad.detach_().zero_()
-        elif not has: p.grad = None
-
-# %% ../nbs/02_checkpoint.ipynb #6f18acc1
-def _detached(o):
-    "`o` (a tensor, or lists and tuples of them) detached and on the CPU"
-    if isinstance(o, Tensor): return o.detach().as_subclass(Tensor).cpu().clone()
-    return type(o)(_detached(x) for x in o) if isinstance(o, (list, tuple)) else o
-
-def _to(o, device):
-    if isinstance(o, Tensor): return o.to(device)
-    return type(o)(_to(x, device) for x in o) if isinstance(o, (list, tuple)) else o
-
-def carried_state(model) -> dict:
-    "What `model` carries from one batch to the next: `hidden` (and `bs`) of each module that has `reset` and `hidden`"
-    return {n: {'hidden': _detached(m.hidden), 'bs': getattr(m, 'bs', None)}
-            for n, m in get_model(model).named_modules()
-            if callable(getattr(m, 'reset', None)) and 'hidden' in m.__dict__}
-
-def set_carried_state(model, d:dict, device):
-    "Put `d` (from `carried_state`) back into `model`, its tensors on `device`"
-    for name, st in d.items():
-        m = get_model(model).get_submodule(name)
-        m.hidden = _to(st['hidden'], device)
-        if st['bs'] is not None: m.bs = st['bs']
-
-def metric_states(mets) -> list:
-    "The accumulators of fastai metrics `mets` (numbers, tensors, lists of tensors), one dict per metric"
-    keep = lambda v: isinstance(v, (int, float, Tensor)) or (isinstance(v, list) and
-                                                             all(isinstance(o, Tensor) for o in v))
-    return [{k: _detached(v) for k, v in vars(m).items() if keep(v) and not k.startswith('_')} for m in mets]
-
-def set_metric_states(mets, states:list, device):
-    "Put the accumulators of `metric_states` back"
-    for m, st in zip(mets, states):
-        for k, v in st.items(): setattr(m, k, _to(v, device))
-
-# %% ../nbs/02_checkpoint.ipynb #39a2c2af
-def fastai_callback_states(learn:Learner) -> dict:
-    ("The state of the attached fastai callbacks that keep one: trackers (best, wait, lowered rates), gradient "
-     "accumulation")
-    res = {}
-    for cb in learn.cbs:
-        if isinstance(cb, TrackerCallback) and cb.best is not None:
-            st = {'best': float(cb.best), **({'wait': int(cb.wait)} if hasattr(cb, 'wait') else {})}
-            if isinstance(cb, ReduceLROnPlateau) and learn.opt is not None:
-                st['lrs'] = [float(h['lr']) for h in learn.opt.hypers]
-            res[cb.name] = st
-        elif isinstance(cb, GradientAccumulation) and getattr(cb, 'count', 0):
-            res[cb.name] = {'count': int(cb.count), 'grads': [_detached(p.grad) for p in learn.model.parameters()]}
-    return res
-
-def set_fastai_callback_states(learn:Learner, states:dict):
-    "Put back the states `fastai_callback_states` returned, into the same callbacks (by name)"
-    for name, st in states.items():
-        cb = getattr(learn, name, None)
-        if cb is None:
-            warnings.warn(f"The checkpoint holds the state of fastai's `{name}`, which is not attached: a resumed run "
-                          f"without it differs from the uninterrupted one. Attach it before the fit.")
-            continue
-        if 'best' in st: cb.best = st['best']
-        if 'wait' in st: cb.wait = st['wait']
-        for h, lr in zip(learn.opt.hypers, st.get('lrs', [])): h['lr'] = lr
-        if 'grads' in st:
-            cb.count = st['count']
-            for p, g in zip(learn.model.parameters(), st['grads']): p.grad = None if g is None else g.to(p.device)
 
 # %% ../nbs/02_checkpoint.ipynb #67357361
 _upgrades = {}  # (callback name, format) -> function(state, learn) -> (that state in the next format, notes)

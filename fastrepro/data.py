@@ -6,21 +6,20 @@ Docs: https://fastrepro.github.io/fastrepro/data.html.md"""
 
 # %% ../nbs/05_data.ipynb #3461f3f2
 from __future__ import annotations
-import random, itertools, hashlib, warnings
+import random, itertools
 from dataclasses import dataclass
 from contextlib import contextmanager, nullcontext
-import numpy as np, torch
+import numpy as np, torch, pandas as pd
 from torch.utils.data import get_worker_info
 from fastai.basics import *
 from fastai.data.load import DataLoader
 from .rng import derive_seed, NUMPY_SEED_MOD
+from .core import digest
 
 # %% auto #0
-__all__ = ['SHUFFLE_STREAM', 'WORKER_STREAM', 'BATCH_STREAM', 'ITEMS_STREAM', 'PROBE_ITEMS', 'PROBE_BS', 'PROBE_START',
-           'LOADER_DIFFERENCES', 'loader_order', 'set_loader_order', 'loader_orders', 'set_loader_orders', 'ServedPass',
+__all__ = ['SHUFFLE_STREAM', 'WORKER_STREAM', 'BATCH_STREAM', 'ITEMS_STREAM', 'loader_orders', 'set_loader_orders', 'ServedPass',
            'DataStreams', 'data_streams', 'items_draw', 'steps_draw', 'make_deterministic', 'undo_deterministic',
-           'set_epoch', 'draw_order', 'pass_problem', 'pass_position', 'resumed_pass_differs', 'FastaiMismatchWarning',
-           'loader_differences', 'foreign_fastai']
+           'set_epoch', 'data_signature', 'data_fingerprint']
 
 # %% ../nbs/05_data.ipynb #b34468fb
 SHUFFLE_STREAM = 'shuffle' # a pass's order: `dl.rng`, and the global generators until the order is drawn
@@ -40,30 +39,22 @@ def _order_holder(dl):
     items = dl.__dict__.get('items')
     return items if hasattr(items, 'idxs') and hasattr(items, 'cache_clear') else None
 
-def loader_order(dl) -> Tensor|None:
-    "The order of a loader that reshuffles its previous order in place (fastai's `LMDataLoader`); None for others"
-    holder = _order_holder(dl)
-    return None if holder is None else torch.tensor(list(holder.idxs), dtype=torch.int64)
-
-def set_loader_order(dl, order:Tensor):
-    "Put back the order `loader_order` returned"
-    holder = _order_holder(dl)
-    if holder is None: return
-    if len(holder.idxs) != len(order):
-        raise ValueError(f"The saved order has {len(order)} items but this {type(dl).__name__} has {len(holder.idxs)}: "
-                         "the checkpoint belongs to other data. Rebuild the same DataLoaders.")
-    holder.idxs[:] = order.tolist()  # in place: `LMDataLoader.lens` shares this list
-    holder.cache_clear()
-    if hasattr(dl, 'make_chunks'): dl.make_chunks()
-
 def loader_orders(dls) -> list:
     "The order of each loader of `dls` that reshuffles its previous order in place (fastai's `LMDataLoader`), else None"
-    return [loader_order(dl) for dl in _loaders(dls)]
+    holders = map(_order_holder, _loaders(dls))
+    return [None if h is None else torch.tensor(list(h.idxs), dtype=torch.int64) for h in holders]
 
 def set_loader_orders(dls, orders:list):
     "Put back the orders `loader_orders` returned"
     for dl, order in zip(_loaders(dls), orders):
-        if order is not None: set_loader_order(dl, order)
+        holder = _order_holder(dl)
+        if order is None or holder is None: continue
+        if len(holder.idxs) != len(order):
+            raise ValueError(f"The saved order has {len(order)} items but this {type(dl).__name__} has "
+                             f"{len(holder.idxs)}: the checkpoint belongs to other data. Rebuild the same DataLoaders.")
+        holder.idxs[:] = order.tolist()  # in place: `LMDataLoader.lens` shares this list
+        holder.cache_clear()
+        if hasattr(dl, 'make_chunks'): dl.make_chunks()
 
 # %% ../nbs/05_data.ipynb #310c7ea7
 def _as_epoch(epoch):
@@ -363,162 +354,34 @@ def set_epoch(dls, # a `DataLoaders`, one `DataLoader`, or a list of them
                                      "call `make_deterministic(dls, seed)` first.")
     for st in streams: st.epoch, st.start = _as_epoch(epoch), int(start)
 
-# %% ../nbs/05_data.ipynb #07fc2c01
-@contextmanager
-def _left_as_is(dl):
-    "Run the body, then give `dl` (and the loader it wraps) back their attributes and the order they keep in place"
-    loaders = list(dict.fromkeys([dl, _base(dl)]))
-    attrs, holder = [dict(o.__dict__) for o in loaders], _order_holder(_base(dl))
-    kept = None if holder is None else list(holder.idxs)
-    try: yield
-    finally:
-        for o, d in zip(loaders, attrs): o.__dict__.clear(); o.__dict__.update(d)
-        if holder is not None: holder.idxs[:] = kept; holder.cache_clear()
+# %% ../nbs/05_data.ipynb #fa3fe672
+def data_signature(dls) -> dict:
+    "What identifies the data a model was trained on: the vocabulary (for text) and its digest"
+    vocab = getattr(dls, 'vocab', None)
+    if vocab is None: return {}
+    parts = list(vocab) if len(vocab) and is_listy(vocab[0]) else [vocab]
+    # a classifier's `dls.vocab` is a new list at each access, of the same (text, labels) vocabularies
+    key = tuple((id(v), len(v)) for v in parts)
+    cached = dls.__dict__.get('_repro_data_signature')
+    if cached and cached[0] == key: return cached[1]
+    flat = [list(map(str, v)) for v in parts]
+    sig = {'vocab_digest': digest(flat), 'vocab_sizes': [len(v) for v in flat]}
+    dls.__dict__['_repro_data_signature'] = (key, sig)
+    return sig
 
-@contextmanager
-def _drawn(dl, epoch=None):
-    "Draw the whole order of a pass of `dl` as the pass draws it, from its streams, for the body; then undo the draw"
-    st = data_streams(dl)
-    if st is None: raise ValueError("This DataLoader has no streams: call `make_deterministic(dl, seed)` first.")
-    if _base(dl).n is None: raise ValueError("This DataLoader's passes have no length: their order has no end.")
-    current, st.epoch = st.epoch, st.epoch if epoch is None else _as_epoch(epoch)
-    try:
-        with _left_as_is(dl), _seeded(st.seed_for(SHUFFLE_STREAM), _cuda_gen(dl)):
-            if _base(dl).shuffle: _reset_order(_base(dl))
-            dl.randomize(); dl.before_iter()
-            yield list(dl.get_idxs())
-    finally: st.epoch = current
+def _frame_hash(df:pd.DataFrame) -> int:
+    "pandas' hash of `df`'s rows; cells pandas cannot hash (a text classifier's tokens, fastai's `L`) by their repr"
+    try: return int(pd.util.hash_pandas_object(df, index=True).sum())
+    except TypeError: return int(pd.util.hash_pandas_object(df.map(lambda v: repr(list(v)) if is_listy(v) else v),
+                                                             index=True).sum())
 
-def draw_order(dl, # a deterministic DataLoader (`make_deterministic`)
-               epoch=None, # the pass coordinate; None: the next pass's
-              ) -> list:
-    "The whole order of a pass of `dl`, drawn as the pass draws it, from its streams; `dl` is left as it was"
-    with _drawn(dl, epoch) as order: return order
-
-def _digest(order, base) -> str:
-    "A digest of a pass's whole order and of the order `base` keeps in place (fastai's `LMDataLoader`)"
-    h = hashlib.sha256(np.asarray(order, dtype=np.int64).tobytes())
-    if (holder := _order_holder(base)) is not None: h.update(np.asarray(holder.idxs, dtype=np.int64).tobytes())
-    return h.hexdigest()[:16]
-
-def _order_digest(sp:ServedPass) -> str:
-    "The digest of the served pass `sp`'s order, computed once per pass"
-    if sp.digest is None: sp.digest = _digest(sp.order, _base(sp.loader))
-    return sp.digest
-
-def _n_batches(dl, n:int) -> int:
-    "The batches `dl` makes of `n` samples"
-    bs = dl.bs or 1
-    return n//bs + (0 if dl.drop_last or n % bs == 0 else 1)
-
-def _replaced(dl) -> str|None:
-    "The method of fastai's pass that `dl` replaces, so that fastrepro cannot see its order"
-    for name in ('__iter__', 'sample'):
-        if name in dl.__dict__ or getattr(type(dl), name) is not getattr(DataLoader, name):
-            return f"`{type(dl).__name__}` replaces fastai's `DataLoader.{name}`"
-
-def pass_problem(dl) -> str|None:
-    ("Why the pass `dl` serves cannot be resumed in its middle exactly, or None: a dataset that is not indexed, a "
-     "replaced `__iter__` or `sample`, an order that its streams do not make (drawn again, it differs)")
-    st, name = data_streams(dl), type(dl).__name__
-    if st is None: return f"`{name}` has no data streams (`ReproCB(deterministic_data=False)`)"
-    if LOADER_DIFFERENCES: return foreign_fastai(LOADER_DIFFERENCES)
-    if not _base(dl).indexed:
-        return (f"`{name}` serves an iterable (not indexed) dataset: its items come one after the other from the "
-                "dataset's iterator, so the batches before would have to be made again")
-    if (why := _replaced(dl)) is not None: return why + ", so the rest of a pass cannot be served from its order"
-    sp = st.served
-    if sp is None or sp.loader is not dl or sp.order is None: return None  # no pass yet: nothing to draw again
-    if sp.problem is None:  # asked once per pass
-        with _drawn(dl, sp.epoch) as again: same = _digest(again, _base(dl)) == _order_digest(sp)
-        sp.problem = '' if same else (
-            f"the order of `{name}` is not drawn from the streams fastrepro seeds: drawn again for the same pass, "
-            "it differs (its `get_idxs`, `shuffle_fn`, `randomize` or `before_iter` draws from a generator of its "
-            "own, or from the clock). Draw it from `self.rng` or the global generators, which are seeded for every "
-            "pass")
-    return sp.problem or None
-
-def pass_position(dl) -> dict:
-    ("Where the pass `dl` serves stands, as the loader counts: the batch it serves next, its batches, a digest of its "
-     "order, and `pass_problem`")
-    sp = getattr(data_streams(dl), 'served', None)
-    if sp is None:
-        raise ValueError("This DataLoader is not serving a deterministic pass (`make_deterministic`, then iterate).")
-    whole = sp.order is not None
-    return dict(batch=sp.start + sp.n, n_batches=_n_batches(sp.loader, len(sp.order)) if whole else None,
-                order=_order_digest(sp) if whole else None, problem=pass_problem(sp.loader))
-
-def resumed_pass_differs(dl, saved:dict) -> list:
-    "How the pass `dl` serves now, resumed, differs from the interrupted pass `saved` (`pass_position`) continues"
-    sp = getattr(data_streams(dl), 'served', None)
-    if sp is None or sp.loader is not dl:
-        return [f"`{type(dl).__name__}` did not serve its pass through fastai's `DataLoader.__iter__`"]
-    res = [] if sp.start == saved['batch'] else [
-        f"the loader started the pass at batch {sp.start}, the checkpoint was written after {saved['batch']}"]
-    if sp.order is None: return res  # an unsized pass: nothing more to compare
-    n = _n_batches(dl, len(sp.order))
-    if saved['n_batches'] is not None and n != saved['n_batches']:
-        res.append(f"the pass has {n} batches, the interrupted one had {saved['n_batches']}")
-    if saved['order'] is not None and _order_digest(sp) != saved['order']:
-        res.append(f"the pass's order (digest {_order_digest(sp)}) is not the interrupted pass's ({saved['order']})")
-    return res
-
-# %% ../nbs/05_data.ipynb #da7ec162
-PROBE_ITEMS, PROBE_BS, PROBE_START = 12, 3, 2  # the probe's loader: 4 batches of 3 items, a pass resumed at batch 2
-
-class FastaiMismatchWarning(UserWarning):
-    "fastai's `DataLoader` is not the one fastrepro's data streams were written against"
-
-class _ProbeItems:
-    "Item `i`: `i` and a draw from torch's global generator (as a random item transform draws)"
-    def __len__(self): return PROBE_ITEMS
-    def __getitem__(self, i): return torch.tensor([float(i), float(torch.rand(()))])
-
-def _probe_batch(b:Tensor) -> Tensor: return torch.cat([b, torch.rand(len(b), 1)], 1)  # a random `after_batch`
-
-def _probe_pass(dl, epoch:int, start:int=0) -> list:
-    set_epoch(dl, epoch, start)
-    return list(dl)
-
-def _probe_differences() -> list:
-    "What fastai's `DataLoader` does otherwise than the streams rely on"
-    probe = lambda bs: make_deterministic(DataLoader(_ProbeItems(), bs=bs, shuffle=True, after_batch=_probe_batch), 0)
-    dl = probe(PROBE_BS)
-    whole, st = _probe_pass(dl, 0), data_streams(dl)
-    if st.served is None or st.served.order is None:
-        return ["`__iter__` no longer keeps a pass's order as `self.__idxs`, where fastrepro sees and cuts it"]
-    same = lambda a, b: len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
-    found = []
-    if [int(i) for i in st.served.order] != [int(i) for i in draw_order(dl, 0)]:
-        found.append("the order a pass serves is not the one `randomize`, `before_iter` and `get_idxs` draw, in that "
-                     "order, under the pass's shuffle stream")
-    if sorted(int(r[0]) for b in whole for r in b) != list(range(PROBE_ITEMS)):
-        found.append("a pass does not serve each item once in the order `sample` reads")
-    if not same(_probe_pass(dl, 0), whole): found.append("the same pass served twice differs")
-    by_item = lambda p: {int(r[0]): float(r[1]) for b in p for r in b}
-    if by_item(_probe_pass(probe(PROBE_BS - 1), 0)) != by_item(whole):  # the same pass, other batches
-        found.append("an item's draws depend on more than its index and the pass: `create_batches` does not make the "
-                     "items one by one from `sample`'s indices")
-    if not same(_probe_pass(dl, 0, PROBE_START), whole[PROBE_START:]):
-        found.append(f"a pass started at batch {PROBE_START} does not serve the rest of the whole pass")
-    return found
-
-def loader_differences() -> list:
-    ("What fastai's `DataLoader` does otherwise than fastrepro's data streams rely on, found by serving a small "
-     "loader: [] on the fastai they were written against. The caller's generators are left as they were")
-    saved = _cpu_states()
-    try: return _probe_differences()
-    except Exception as e: return [f"serving a small loader raised {type(e).__name__}: {e}"]
-    finally: _set_cpu_states(saved)
-
-def foreign_fastai(found:list) -> str:
-    "Why no pass can be resumed in its middle when the probe `found` differences"
-    import fastai
-    return (f"fastai {fastai.__version__}'s `DataLoader` is not the one fastrepro's data streams were written "
-            f"against ({'; '.join(found)}), so fastrepro cannot vouch for the rest of a pass")
-
-LOADER_DIFFERENCES = loader_differences()  # probed once, when fastrepro is imported
-if LOADER_DIFFERENCES:
-    warnings.warn(f"{foreign_fastai(LOADER_DIFFERENCES)}. Checkpoints and resumes inside an epoch are refused; at "
-                  "epoch boundaries they still work. Run `fastrepro selftest` to see what holds on this installation, "
-                  "and report the fastai version.", FastaiMismatchWarning)
+def data_fingerprint(dls) -> str:
+    "A digest of what identifies `dls`' data: sizes, vocabulary and the items of each dataset"
+    parts = [data_signature(dls)]
+    for dl in getattr(dls, 'loaders', [dls]):
+        items = getattr(getattr(dl, 'dataset', None), 'items', None)
+        if isinstance(items, pd.DataFrame): h = _frame_hash(items)
+        elif items is not None: h = digest([items[i] for i in range(len(items))], None)
+        else: h = None
+        parts.append((len(getattr(dl, 'dataset', [])), h))
+    return digest(parts)

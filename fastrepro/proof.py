@@ -21,7 +21,7 @@ from .preempt import CheckpointCB
 from .fp16 import ReproMixedPrecision  # also `Learner.to_repro_fp16` and `to_repro_bf16`
 from .checkpoint import checkpoint_info
 from .trace import RunRecord, same_run
-from .data import LOADER_DIFFERENCES, loader_differences, foreign_fastai
+from .passes import LOADER_DIFFERENCES, loader_differences, foreign_fastai
 from .audit import NondeterminismError, audit_switches, audit_model, fix_rnn_dropout
 from .environment import environment_info
 from .ledger import Ledger, SELFTEST

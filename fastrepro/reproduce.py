@@ -14,7 +14,8 @@ import numpy as np, pandas as pd, torch
 from fastai.basics import *
 from .core import digest, training_fit
 from .checkpoint import (CheckpointError, read_checkpoint, split_state, upgrade_state, checkpoint_info,
-                                  model_signature, data_fingerprint)
+                                  model_signature)
+from .data import data_fingerprint
 from .trace import trace_frame, first_divergence, plot_losses, BEFORE_TRAINING, INITIAL_WEIGHTS
 from .environment import environment_info, env_diff
 from .entry import ENTRY_ENV, write_cells

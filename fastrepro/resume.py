@@ -13,7 +13,9 @@ from fastai.basics import *
 from .core import *
 from .rng import rng_states, restore_rng_states
 from .checkpoint import *
-from .data import data_streams, pass_problem, pass_position, resumed_pass_differs, set_loader_orders
+from .fastai_state import *
+from .data import data_streams, set_loader_orders
+from .passes import pass_problem, pass_position, resumed_pass_differs
 from .distrib import world_size
 
 # %% auto #0
