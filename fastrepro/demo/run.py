@@ -30,7 +30,8 @@ from ..stats import compare, ablation, seeds_needed, MIN_SEEDS
 from ..sweep import repeat
 from .ulmfit import *
 from .jobs import Job, job_process, job_error, STOP_EPOCH, RESUME_SEED_OFFSET, JOB_FILE, JOB_TIMEOUT_S
-from ..reproduce import reproduce, rebuild_problem
+from ..reproduce import reproduce
+from ..rebuild import rebuild_problem
 
 # %% auto #0
 __all__ = ['SEED', 'N_SEEDS', 'CPU_THREADS', 'STRAY_ITER', 'FP16_INIT_SCALE', 'FP16_GROWTH_INTERVAL', 'FP16_CPU_EPOCHS',
