@@ -30,7 +30,9 @@ from .entry import entry_point, cells_script, cells_notebook, write_cells
 from .ledger import Ledger, LedgerError, metrics_frame, metric_column, Spool, LedgerWarning
 from .stats import compare, ablation, seeds_needed, seed_power, cohens_d, hedges_g, ComparisonWarning
 from .sweep import repeat, pinned, SweepError, WorkerError
-from .reproduce import reproduce, Reproduction, ReproduceError
+from .reproduce import reproduce
+from .verdict import Reproduction
+from .rebuild import ReproduceError
 
 # %% ../nbs/99_all.ipynb #d209bc32
 # nbdev writes an empty `__all__` for a module that defines nothing: the namespace is every name imported above

@@ -461,7 +461,3 @@ def _repro_from_v3(d:dict, learn:Learner|None) -> tuple:
 def repro_trace(self:Learner) -> pd.DataFrame:
     "The per-iteration trace of the attached `ReproCB`: fit, epoch, iter, exact loss, parameter norms"
     return self.repro_cb.trace.frame()
-
-# %% ../nbs/03_callback.ipynb #5e7a1c23
-# a `fastrepro reproduce` re-run (`STOP_ENV` set): its learners stop where the reproduced checkpoint was written
-if 'FASTREPRO_STOP_AT' in os.environ: import fastrepro.reproduce

@@ -235,8 +235,8 @@ def _assignments(pairs:list|None) -> dict:
 def reproduce_command(args):
     ("Rebuild a checkpoint's code, re-run it to the checkpoint's position and compare bit for bit (exit code 0: "
      "reproduced, 1: the runs part, 2: could not run)")
-    from fastrepro.reproduce import reproduce, ReproduceError, EXIT_FAILED  # imports torch: only for this command
-    from fastrepro.reproduce import reproduce_segments, segments_verdict
+    from fastrepro.rebuild import ReproduceError, EXIT_FAILED  # imports torch: only for this command
+    from fastrepro.reproduce import reproduce, reproduce_segments, segments_verdict
     kwargs = dict(repo=args.repo, command=args.command, env=_assignments(args.env), strict=args.strict,
                   timeout=args.timeout)
     try:

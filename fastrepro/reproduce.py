@@ -6,472 +6,23 @@ Docs: https://fastrepro.github.io/fastrepro/reproduce.html.md"""
 
 # %% ../nbs/18_reproduce.ipynb #a1700004
 from __future__ import annotations
-import os, re, sys, json, time, shlex, shutil, signal, socket, zipfile, itertools, tempfile, threading, subprocess
-import contextlib, functools
-from dataclasses import dataclass, field, asdict
+import json, time, shutil, itertools
 from pathlib import Path
-import numpy as np, pandas as pd, torch
-from fastai.basics import *
-from .core import digest, training_fit
-from .checkpoint import (CheckpointError, read_checkpoint, split_state, upgrade_state, checkpoint_info,
-                                  model_signature)
-from .data import data_fingerprint
-from .trace import trace_frame, first_divergence, plot_losses, BEFORE_TRAINING, INITIAL_WEIGHTS
-from .environment import environment_info, env_diff
-from .entry import ENTRY_ENV, write_cells
-from .provenance import git_info
-from .ledger import Ledger, LedgerError, REPRODUCTION
+import pandas as pd
+from .checkpoint import CheckpointError, read_checkpoint, split_state, checkpoint_info
+from .trace import trace_frame
+from .ledger import Ledger, LedgerError, REPRODUCTION, _one_line
 from .trackers import note_runs
-from .preempt import POSITION_KEYS, checkpoint_digests, manifest_path, read_manifest, manifest_key
+from .preempt import POSITION_KEYS, manifest_path, read_manifest, manifest_key
+from .rebuild import ReproduceError, EXIT_REPRODUCED, EXIT_PARTS, _record, _git, code_root, code_worktree
+from .rebuild import _interruptible
+from .rerun import rerun_env, _expected_env, rerun_command, run_to_position, _tail
+from .verdict import env_differences, prediction, compare_states, compare_digests, verdict, Reproduction
+from .verdict import _quantity, _data
 
 # %% auto #0
-__all__ = ['STOP_ENV', 'STOP_NAME', 'EXIT_REPRODUCED', 'EXIT_PARTS', 'EXIT_FAILED', 'GIT_TIMEOUT_S', 'KILL_GRACE_S',
-           'LOG_TAIL_LINES', 'NO_BIT_FIELDS', 'PROBE_TIMEOUT_S', 'THREAD_VARS', 'REPLAY_NOTEBOOK', 'REPLAY',
-           'DIGEST_QUANTITIES', 'MAX_CANDIDATES', 'ReproduceError', 'StopAtCB', 'rebuild_problem', 'code_worktree',
-           'rerun_env', 'env_differences', 'prediction', 'rerun_command', 'run_to_position', 'first_difference',
-           'compare_states', 'compare_digests', 'verdict', 'Reproduction', 'ledger_checkpoint', 'record_reproduction',
-           'reproduce', 'kept_checkpoints', 'segment_plan', 'reproduce_segments', 'segments_verdict']
-
-# %% ../nbs/18_reproduce.ipynb #a1700006
-STOP_ENV = 'FASTREPRO_STOP_AT'  # set by `reproduce` in the re-run's environment: where to stop, and where to save
-STOP_NAME = 'reproduced'  # the re-run's checkpoint at the recorded position: `{out}/reproduced.pth` (and `.json`)
-EXIT_REPRODUCED, EXIT_PARTS, EXIT_FAILED = 0, 1, 2  # `fastrepro reproduce`'s exit codes (2: could not run, as argparse)
-GIT_TIMEOUT_S = 300  # one git command on a local repository (a worktree of a large checkout); a hang is a failure
-KILL_GRACE_S = 10  # a re-run that must end (reproduce was interrupted) gets this long after SIGTERM before SIGKILL
-LOG_TAIL_LINES = 5  # the re-run's last lines quoted when it fails
-NO_BIT_FIELDS = ('hostname', 'os', 'n_packages')  # differences that never change a run's bits (names, paths, counts)
-
-class ReproduceError(RuntimeError):
-    "`reproduce` could not run: not a fastrepro checkpoint, no repository or commit, a patch that does not apply, ..."
-
-def _one_line(e) -> str: return ' '.join(str(e).split())
-
-# %% ../nbs/18_reproduce.ipynb #a1700008
-class StopAtCB(Callback):
-    "In a `reproduce` re-run: save a checkpoint where the recorded one was written, then end the process"
-    order = 100  # after CheckpointCB (90) and the trackers: the run's own checkpoint at that batch comes first
-    def __init__(self, target:dict|None=None): # fit, epoch, batch, iteration, model, seed, path, start; `STOP_ENV`
-        self.target = target or json.loads(os.environ[STOP_ENV])
-        self.model = None  # the running fit's model digest: a script may train several learners
-        self.fits = 0  # the fits this learner was asked for (a segment skips those before its start)
-
-    def plan_fit(self, n_epoch:int, start_epoch:int) -> int|None:
-        "A segment's re-run: skip this learner's fits before the start checkpoint's, resume that one from it"
-        s = self.target.get('start')
-        if s is None or not self._is_target(s): return start_epoch
-        self.fits += 1
-        if self.fits - 1 != s['fit']: return None if self.fits - 1 < s['fit'] else start_epoch
-        self.learn.load(s['path'])
-        if s['epoch'] < n_epoch: return s['epoch']
-        self.learn.repro_cb.show_loaded_fit()  # written after its fit: the next fit continues from it
-        return None
-
-    def _is_target(self, t:dict) -> bool:
-        "Is this the learner that wrote the checkpoint `t` describes? (its architecture and run seed)"
-        cb = getattr(self.learn, 'repro_cb', None)
-        return cb is not None and cb.seed == t['seed'] and model_signature(self.learn.model)['digest'] == t['model']
-
-    def before_fit(self):
-        self.model = model_signature(self.learn.model)['digest'] if training_fit(self.learn) else None
-
-    def after_batch(self):
-        if self.training: self._stop_here()
-    def after_epoch(self): self._stop_here()  # a checkpoint written at the epoch's end, or after the fit
-
-    def _stop_here(self):
-        cb, t = getattr(self.learn, 'repro_cb', None), self.target
-        if cb is None or not cb.active or self.model != t['model']: return
-        pos = cb.position
-        if (pos.fit, pos.epoch, pos.batch, self.learn.train_iter) != (t['fit'], t['epoch'], t['batch'], t['iteration']):
-            return
-        path = self.learn.save(t['path'])
-        if rank_distrib() == 0:
-            git = cb.provenance.git or {}
-            facts = dict(env=cb.provenance.env, git={k: git.get(k) for k in ('commit', 'diff_hash')},
-                         data_fingerprint=data_fingerprint(self.dls))
-            Path(path).with_suffix('.json').write_text(json.dumps(facts, default=str))
-        raise SystemExit(EXIT_REPRODUCED)
-
-# a `reproduce` re-run: every learner the script builds stops where the reproduced checkpoint was written
-if STOP_ENV in os.environ and StopAtCB not in defaults.callbacks: defaults.callbacks.append(StopAtCB)
-
-# %% ../nbs/18_reproduce.ipynb #a1700015
-def _record(path) -> dict:
-    "What a checkpoint records for `reproduce`: its summary, weights, optimizer and fastrepro state (upgraded)"
-    path = Path(path)
-    if not path.is_file(): raise ReproduceError(f"{path}: no such file. Pass a checkpoint a fastrepro run wrote "
-                                                "(`learn.save`, `CheckpointCB`).")
-    if not zipfile.is_zipfile(path):
-        raise ReproduceError(f"{path} is not a checkpoint: truncated, corrupt or another kind of file. Reproduce from "
-                             "an intact checkpoint a fastrepro run wrote.")
-    try: model, opt, extra = split_state(read_checkpoint(path))
-    except CheckpointError as e: raise ReproduceError(_one_line(e)) from e
-    if extra is None or 'repro_cb' not in upgrade_state(extra, path)[0]['callbacks']:
-        raise ReproduceError(f"{path} is not a fastrepro checkpoint (a plain fastai or torch file, or one saved "
-                             "without ReproCB): it records no code, environment or trace to reproduce. Pass a "
-                             "checkpoint written by a learner with ReproCB attached.")
-    info = checkpoint_info(path)
-    if not (info['git'] or {}).get('commit'):
-        raise ReproduceError(f"{path} was written outside any git repository (or before its first commit): no commit "
-                             "records its code, so it cannot be rebuilt. Reproduce runs started from a committed git "
-                             "checkout.")
-    return dict(path=path, info=info, model=model, opt=opt, extra=upgrade_state(extra, path)[0])
-
-# %% ../nbs/18_reproduce.ipynb #a1700016
-def _git(cwd, *args, input:bytes|None=None, check:bool=True) -> subprocess.CompletedProcess:
-    "`git args` in `cwd`, without the repository's hooks, bounded by `GIT_TIMEOUT_S`"
-    p = subprocess.run(['git', '-c', f'core.hooksPath={os.devnull}', *args], cwd=cwd, input=input,
-                       capture_output=True, timeout=GIT_TIMEOUT_S)
-    if check and p.returncode:
-        raise ReproduceError(f"`git {' '.join(args)}` failed in {cwd}: {_one_line(p.stderr.decode(errors='replace'))}")
-    return p
-
-def _repository(where, remote:str|None) -> Path:
-    "The root of the git repository at `where`, refused with what to do when there is none"
-    p = _git(where, 'rev-parse', '--show-toplevel', check=False) if where and Path(where).is_dir() else None
-    if p is None or p.returncode:
-        clone = f"a clone of {remote}" if remote else "a clone of the project"
-        raise ReproduceError(f"No git repository at {where}, where the run was recorded: pass repo= (--repo) with "
-                             f"{clone}.")
-    return Path(p.stdout.decode().strip())
-
-def rebuild_problem(git:dict|None, # a checkpoint's git record (`checkpoint_info(f)['git']`)
-                    repo=None, # the repository with the commit (default: where the run was recorded)
-                   ) -> str|None:
-    "Why `reproduce` cannot rebuild the recorded code here (no commit, repository or commit here); None when it can"
-    git = git or {}
-    if not git.get('commit'):
-        return ("the run was recorded outside any git repository (or before its first commit): no commit records its "
-                "code. Run it from a committed git checkout.")
-    remote = git.get('remote_url')
-    try: _check_commit(_repository(repo or git.get('root'), remote), git['commit'], remote)
-    except ReproduceError as e: return str(e)
-
-def _check_commit(root:Path, commit:str, remote:str|None):
-    if _git(root, 'cat-file', '-e', f'{commit}^{{commit}}', check=False).returncode:
-        fetch = f"`git fetch {remote}`" if remote else "`git fetch`"
-        raise ReproduceError(f"Commit {commit[:12]} is not in the repository {root}: it was never fetched here or was "
-                             f"garbage-collected, so its code cannot be rebuilt. Fetch it ({fetch}) or pass repo= "
-                             "(--repo) with a clone that has it.")
-
-# %% ../nbs/18_reproduce.ipynb #a1700017
-def _apply(wt:Path, git:dict):
-    "Apply the recorded patch of `git` to the worktree `wt`, strictly, and check the result against its hash"
-    data = git['patch'].encode('utf-8', 'surrogateescape')
-    if digest(data, None) != git['diff_hash']:
-        raise ReproduceError(f"The recorded patch does not match its recorded hash {git['diff_hash'][:12]}: the "
-                             "checkpoint was altered or damaged after it was written. Reproduce from an unmodified "
-                             "copy of it.")
-    p = _git(wt, 'apply', '--binary', '--whitespace=nowarn', '-', input=data, check=False)
-    if p.returncode:
-        raise ReproduceError(f"The recorded patch does not apply to commit {git['commit'][:12]} "
-                             f"({_one_line(p.stderr.decode(errors='replace'))}): the repository's copy of that commit "
-                             "is not the one the run used. Pass repo= (--repo) with the clone the run came from.")
-    rebuilt = git_info(wt)['diff_hash']
-    if rebuilt != git['diff_hash']:
-        raise ReproduceError(f"The rebuilt code's uncommitted changes hash to {str(rebuilt)[:12]}, the recorded ones "
-                             f"to {git['diff_hash'][:12]}: the rebuilt code is not the code that ran.")
-
-@contextlib.contextmanager
-def code_worktree(root:Path, # the repository that has the commit
-                  git:dict, # the recorded git record: `commit`, and `patch` and `diff_hash` of a dirty tree
-                 ):
-    ("A temporary git worktree of `root` at the recorded commit with the recorded patch applied; removed and pruned "
-     "when the block ends, however it ends. The user's checkout, index and branches are not touched.")
-    tmp = Path(tempfile.mkdtemp(prefix='fastrepro-reproduce-'))
-    wt = tmp/'code'
-    try:
-        _git(root, 'worktree', 'add', '--detach', '--quiet', str(wt), git['commit'])
-        if git.get('patch'): _apply(wt, git)
-        yield wt
-    finally:
-        _git(root, 'worktree', 'remove', '--force', '--force', str(wt), check=False)
-        shutil.rmtree(tmp, ignore_errors=True)
-        _git(root, 'worktree', 'prune', check=False)
-
-@contextlib.contextmanager
-def _interruptible():
-    "SIGTERM and SIGHUP end `reproduce` as Ctrl-C does, through its `finally` blocks (the worktree is removed)"
-    if threading.current_thread() is not threading.main_thread(): yield; return
-    def _exit(signum, frame): raise SystemExit(128 + signum)  # the shells' status of a process ended by a signal
-    old = {s: signal.signal(s, _exit) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try: yield
-    finally:
-        for s, h in old.items(): signal.signal(s, h)
-
-# %% ../nbs/18_reproduce.ipynb #a1700024
-def rerun_env(entry:dict|None, # the recorded entry point (`checkpoint_info(f)['entry']`)
-              overrides:dict|None=None, # variables set on top, e.g. {'OMP_NUM_THREADS': '2'}: what if
-              base:dict|None=None, # the environment to start from (default: this process's)
-             ) -> dict:
-    ("The re-run's environment: `base` with the variables that change numerics or what runs (`ENTRY_ENV`) exactly "
-     "as recorded, then `overrides`")
-    base = dict(os.environ if base is None else base)
-    env = {k: v for k, v in base.items() if k not in ENTRY_ENV}
-    env.update((entry or {}).get('env') or {})
-    if (entry or {}).get('launcher'):  # the launcher sets each rank's own
-        for k in ('WORLD_SIZE', 'LOCAL_WORLD_SIZE'): env.pop(k, None)
-    return {**env, **(overrides or {})}
-
-PROBE_TIMEOUT_S = 120  # a process that imports torch and prints its thread count (seconds, on a loaded machine)
-THREAD_VARS = ('OMP_NUM_THREADS', 'MKL_NUM_THREADS')  # torch reads the first, then the second over it
-
-@functools.lru_cache
-def _threads_taken(asked:tuple) -> int:
-    "The threads torch takes in a fresh process with the variables `asked`: the OpenMP runtime may give fewer"
-    env = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}
-    probe = subprocess.run([sys.executable, '-c', 'import torch; print(torch.get_num_threads())'], text=True,
-                           env={**env, **dict(asked)}, capture_output=True, timeout=PROBE_TIMEOUT_S)
-    if probe.returncode: raise ReproduceError(f"Python with torch does not start here: {probe.stderr.strip()[-500:]}")
-    return int(probe.stdout)
-
-def _threads(env:dict) -> int:
-    ("The thread count torch takes in a process started with `env`: `MKL_NUM_THREADS`, else `OMP_NUM_THREADS`, "
-     "else one per core, and never more than the CPUs (asked by a process that starts torch, where it is not 1)")
-    asked = {k: env[k] for k in THREAD_VARS if k in env}
-    n = asked.get('MKL_NUM_THREADS', asked.get('OMP_NUM_THREADS'))
-    return 1 if n == '1' else _threads_taken(tuple(asked.items()))
-
-def _expected_env(env:dict, recorded:dict) -> dict:
-    ("This machine's `environment_info` as a process started with `env` sees it; the switches are the recorded "
-     "ones, since the run's own ReproCB sets them (compared after the re-run)")
-    here = environment_info()
-    kernels = {**here['cpu_kernels'], 'mkl_instructions': env.get('MKL_ENABLE_INSTRUCTIONS')}
-    if kernels['onednn'] != 'off': kernels['onednn'] = env.get('ONEDNN_MAX_CPU_ISA', 'native')
-    return {**here, 'num_threads': _threads(env), 'cpu_kernels': kernels, 'switches': recorded.get('switches')}
-
-def env_differences(recorded:dict, # the recorded `environment_info`
-                    other:dict, # another one (this machine's, the re-run's)
-                   ) -> list:
-    "Each difference between two environments: field, values, and whether it changes bits"
-    res = [dict(field=k, recorded=a, here=b, bits=True) for k, (a, b) in env_diff(recorded, other).items()]
-    return res + [dict(field=k, recorded=recorded.get(k), here=other.get(k), bits=False) for k in NO_BIT_FIELDS
-                  if recorded.get(k) != other.get(k)]
-
-def _fmt_diffs(diffs:list, bits:bool=True) -> str:
-    return ', '.join(f"{d['field']} {d['recorded']} -> {d['here']}" for d in diffs if d['bits'] == bits)
-
-def prediction(diffs:list) -> str:
-    "What `env_differences` predicts of a re-run's bits"
-    why = _fmt_diffs(diffs)
-    return f"other bits expected because {why}" if why else "bit-identical expected"
-
-# %% ../nbs/18_reproduce.ipynb #a1700028
-def _free_port() -> int:
-    with socket.socket() as s: s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
-
-def rerun_command(entry:dict|None, # the recorded entry point
-                  wt:Path, # the rebuilt code
-                  command:str|None=None, # a command line that replaces the entry point, run in `wt`
-                 ) -> tuple:
-    "(argv, working directory) of the re-run of `entry` in the worktree `wt`"
-    if command: return shlex.split(command), wt
-    kind = (entry or {}).get('kind')
-    if kind in ('notebook', 'ipython'):  # the executed cells, in execution order, in a fresh kernel
-        nb = write_cells(entry, wt.parent/REPLAY_NOTEBOOK)  # beside the worktree: in it, it would be a change
-        return [sys.executable, '-c', REPLAY, str(nb), str(wt/entry['cwd'])], wt/entry['cwd']
-    if kind not in ('script', 'module'):
-        why = "no entry point is recorded (a checkpoint older than format 4)" if entry is None else \
-              f"the run was started as {kind!r}, which cannot be started again"
-        raise ReproduceError(f"{why}: pass command= (--command), e.g. 'python train.py'.")
-    cmd, cwd = list(entry['command']), Path(entry['cwd'])
-    if kind == 'script' and not os.path.isabs(cmd[0]): cmd[0] = str(wt/cmd[0])
-    launcher = entry['launcher']
-    if launcher is None: return [sys.executable, *entry['python_options'], *cmd], wt/cwd
-    if launcher['nnodes'] > 1:
-        raise ReproduceError(f"The run was launched on {launcher['nnodes']} nodes; reproduce starts processes on this "
-                             "machine only: pass command= (--command) with a launch of one node.")
-    return [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(launcher['nproc_per_node']),
-            '--master_addr', '127.0.0.1', '--master_port', str(_free_port()), *cmd], wt/cwd
-
-REPLAY_NOTEBOOK = 'replay.ipynb'  # the executed cells of a notebook run, written beside the worktree
-# the executed cells in a fresh Jupyter kernel (nbclient), in the recorded working directory; a process that imports
-# no torch: the kernel does. A cell that raises (`StopAtCB`'s `SystemExit` too) ends it with its traceback
-REPLAY = ("import sys, nbformat, nbclient; nb = nbformat.read(sys.argv[1], as_version=4); "
-          "nbclient.NotebookClient(nb, kernel_name='python3', resources={'metadata': {'path': sys.argv[2]}}).execute()")
-
-def _pump(stream, log:Path, show:bool):
-    "Copy the re-run's output to `log`, and to this process's output with `show` (its fastai progress bars)"
-    with open(log, 'wb') as f:
-        for line in iter(stream.readline, b''):
-            f.write(line); f.flush()
-            if show: sys.stdout.write(line.decode(errors='replace')); sys.stdout.flush()
-
-_ANSI = re.compile(r'\[[0-9;]*m')  # the colours of a kernel's tracebacks
-
-def _tail(log:Path) -> str:
-    text = _ANSI.sub('', log.read_text(errors='replace')) if log.exists() else ''
-    lines = [l for l in text.splitlines() if l.strip()]
-    return ' | '.join(lines[-LOG_TAIL_LINES:]) or '(no output)'
-
-def run_to_position(argv:list, cwd:Path, env:dict, log:Path, timeout:float|None=None, show:bool=False) -> int:
-    ("Run `argv` in `cwd` with `env`, its output in `log`; its exit status. Ended (its process group) when this "
-     "process is interrupted or `timeout` seconds pass")
-    p = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         start_new_session=True)
-    pump = threading.Thread(target=_pump, args=(p.stdout, log, show), daemon=True)
-    pump.start()
-    try: return p.wait(timeout)
-    except subprocess.TimeoutExpired:
-        raise ReproduceError(f"The re-run did not reach the checkpoint's position within {timeout} s; raise timeout= "
-                             f"(--timeout). Its last output: {_tail(log)}") from None
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGTERM)
-            try: p.wait(KILL_GRACE_S)
-            except subprocess.TimeoutExpired: os.killpg(p.pid, signal.SIGKILL); p.wait()
-        pump.join(KILL_GRACE_S)
-        p.stdout.close()
-
-# %% ../nbs/18_reproduce.ipynb #a1700031
-def _bytes(t:Tensor) -> Tensor: return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-
-def first_difference(a, b, where:str='') -> str|None:
-    "The path of the first value where nested states `a` and `b` differ (tensors bit for bit); None when equal"
-    if isinstance(a, Tensor) or isinstance(b, Tensor):
-        same = (isinstance(a, Tensor) and isinstance(b, Tensor) and (a.dtype, a.shape) == (b.dtype, b.shape)
-                and torch.equal(_bytes(a), _bytes(b)))
-        return None if same else where
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in list(a) + [k for k in b if k not in a]:
-            if k not in a or k not in b: return f'{where}[{k!r}]'
-            d = first_difference(a[k], b[k], f'{where}[{k!r}]')
-            if d is not None: return d
-        return None
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        if len(a) != len(b): return f'{where} (length {len(a)} vs {len(b)})'
-        return next((d for i, (x, y) in enumerate(zip(a, b)) if (d := first_difference(x, y, f'{where}[{i}]'))), None)
-    same = a == b or (isinstance(a, float) and isinstance(b, float) and np.isnan(a) and np.isnan(b))
-    return None if same else where
-
-# ReproCB's state that is not the computation: where and when it ran, its ledger record, its tracker runs
-_NOT_COMPUTED = ('provenance', 'ledger_run', 'trackers')
-
-def compare_states(a:dict, b:dict) -> dict:
-    ("Each quantity of two checkpoints (`_record`s) -> None when bit-identical, else where it first differs: the "
-     "trace, weights, optimizer state, generator states, loss-scale history and every other callback state")
-    ca, cb = a['extra']['callbacks'], b['extra']['callbacks']
-    ra, rb = ({k: v for k, v in c['repro_cb'].items() if k not in _NOT_COMPUTED} for c in (ca, cb))
-    ia, ib = ra.pop('inside', None) or {}, rb.pop('inside', None) or {}
-    d = first_divergence(trace_frame(ra.pop('trace')), trace_frame(rb.pop('trace')), detail=True)
-    res = {'trace': d, 'weights': first_difference(a['model'], b['model'], 'model'),
-           'optimizer state': first_difference(a['opt'], b['opt'], 'opt'),
-           'generator states': first_difference(ia.pop('generators', None), ib.pop('generators', None), 'generators'),
-           'loss-scale history': first_difference(ca.get('mixed_precision'), cb.get('mixed_precision'), 'scaler'),
-           'position and progress': first_difference({**ra, 'inside': ia}, {**rb, 'inside': ib}, 'repro_cb')}
-    for name in sorted((set(ca) | set(cb)) - {'repro_cb', 'mixed_precision'}):
-        res[f'callback {name}'] = first_difference(ca.get(name), cb.get(name), name)
-    return res
-
-# %% ../nbs/18_reproduce.ipynb #acd97f31
-DIGEST_QUANTITIES = {'weights': 'weights', 'optimizer state': 'optimizer', 'generator states': 'generators'}
-
-def _trace_before(trace:pd.DataFrame, pos:dict) -> pd.DataFrame:
-    "The rows of `trace` a checkpoint written at `pos` holds: its iterations before `pos`'s"
-    return trace[(trace.fit < pos['fit']) | ((trace.fit == pos['fit']) & (trace.iter < pos['iteration']))]
-
-def compare_digests(entry:dict, # the manifest entry of a checkpoint `keep` deleted (`read_manifest`)
-                    a:dict, # the run's newest checkpoint (`_record`): its trace holds the deleted one's
-                    b:dict, # the re-run's checkpoint at the entry's position (`_record`)
-                   ) -> dict:
-    ("Each quantity -> None when bit-identical, else where it first differs: the trace up to the entry's position, "
-     "then the weights, optimizer state and generator states by the digests the manifest recorded")
-    ta, tb = (trace_frame(r['extra']['callbacks']['repro_cb']['trace']) for r in (a, b))
-    got = checkpoint_digests(b['path'])
-    res = {'trace': first_divergence(_trace_before(ta, entry), tb, detail=True)}
-    for q, k in DIGEST_QUANTITIES.items():
-        res[q] = None if got[k] == entry[k] else f"sha256 {str(entry[k])[:12]} recorded, {str(got[k])[:12]} re-run"
-    return res
-
-
-# %% ../nbs/18_reproduce.ipynb #a1700034
-def _quantity(name:str, where, d) -> str:
-    "The name of what first differs"
-    if name != 'trace': return f"{name} ({where})"
-    if d.missing: return f"the trace (run {d.missing} has no iteration {d.iter})"
-    if INITIAL_WEIGHTS in d.columns: return 'the initial weights'
-    return 'loss' if 'loss' in d.columns else f"the norm of {d.layer}"
-
-def verdict(quantities:dict, position:dict, env_after:list, data:str) -> tuple:
-    "(verdict, parts, exit code) of compared quantities"
-    if data.startswith('differs'): return f"the data differs ({data[len('differs: '):]})", None, EXIT_PARTS
-    differ = [(q, w) for q, w in quantities.items() if w is not None]
-    if not differ: return "reproduced bit for bit", None, EXIT_REPRODUCED
-    q, w = differ[0]
-    if q == 'trace': parts = dict(fit=w.fit, epoch=w.epoch, iter=w.iter, quantity=_quantity(q, w, w))
-    else: parts = dict(fit=position['fit'], epoch=position['epoch'], iter=position['iteration'],
-                       quantity=_quantity(q, w, None))
-    why = _fmt_diffs(env_after)
-    if why: because = f"explained by the environment: {why}"
-    elif parts['iter'] == BEFORE_TRAINING or (parts['fit'], parts['iter']) == (0, 0):
-        because = ("no recorded difference of the environment explains it: the run starts from other weights or data "
-                   "(built before the fit from unseeded generators? call `seed_everything(seed)` before building them)")
-    else: because = ("no recorded difference of the environment explains it: the run reads something its record does "
-                     "not hold (an environment variable, a file, the clock)")
-    if parts['iter'] == BEFORE_TRAINING:
-        text = f"parts before fit {parts['fit']}'s first iteration, in the initial weights; {because}"
-        return text, parts, EXIT_PARTS
-    return (f"parts at fit {parts['fit']}, epoch {parts['epoch']}, iteration {parts['iter']}, first in "
-            f"{parts['quantity']}; {because}"), parts, EXIT_PARTS
-
-def _data(a:dict, b:dict) -> str:
-    "The data verdict of two checkpoints: their data signatures (the vocabulary, for text)"
-    sa, sb = a['extra']['data'], b['extra']['data']
-    if not sa and not sb: return 'not recorded (no vocabulary); the trace compares what the data did'
-    return 'same' if sa == sb else f"differs: vocabulary sizes {sa.get('vocab_sizes')} vs {sb.get('vocab_sizes')}"
-
-# %% ../nbs/18_reproduce.ipynb #a1700037
-@dataclass
-class Reproduction:
-    "What `reproduce` found: the verdict, where the runs part and why, the environments, the timings"
-    checkpoint:str; commit:str; verdict:str; exit_code:int
-    position:dict # fit, epoch, batch, iteration of the checkpoint
-    parts:dict|None = None # fit, epoch, iteration, quantity where the runs first differ (None: reproduced)
-    quantities:dict = field(default_factory=dict) # quantity -> None (bit-identical) or where it first differs
-    prediction:str = '' # what the environment comparison before running predicted
-    env_before:list = field(default_factory=list) # recorded vs this machine, before the re-run (`env_differences`)
-    env_after:list = field(default_factory=list) # recorded vs the re-run's own record
-    data:str = '' # 'same', 'differs: ...' or 'not recorded'
-    command:list = field(default_factory=list); out:str = ''
-    timings:dict = field(default_factory=dict) # seconds: rebuild, environment, rerun, compare
-    ledger_run:int|None = None # the reproduced run's ledger record
-    record:int|None = None # the ledger record of this reproduction (status 'reproduction'), linked to `ledger_run`
-    trackers:list = field(default_factory=list) # the reproduced run's tracker runs the verdict was logged in, or not
-
-    @property
-    def reproduced(self) -> bool: return self.exit_code == EXIT_REPRODUCED
-    def to_dict(self) -> dict: return asdict(self)
-    def __str__(self): return self.verdict
-
-    def markdown(self) -> str:
-        "The report as Markdown"
-        p, t = self.position, self.timings
-        rows = [f"| {q} | {'bit-identical' if w is None else w} |" for q, w in self.quantities.items()]
-        env = [f"| {d['field']} | {d['recorded']} | {d['here']} | {'yes' if d['bits'] else 'no'} |"
-               for d in self.env_after or self.env_before]
-        return '\n'.join([f"# Reproduction of {Path(self.checkpoint).name}", '', f"**{self.verdict}**", '',
-            f"- commit `{self.commit[:12]}`, position: fit {p['fit']}, epoch {p['epoch']}, batch {p['batch']}, "
-            f"iteration {p['iteration']}", f"- re-run: `{' '.join(map(str, self.command))}`",
-            f"- before running: {self.prediction}", f"- data: {self.data}",
-            *([f"- ledger: run {self.ledger_run}; this reproduction is run {self.record}"] if self.record else []),
-            *[f"- trackers: verdict {line}" for line in self.trackers],
-            '- seconds: ' + ', '.join(f"{k} {v:.1f}" for k, v in t.items()), '',
-            '| quantity | first difference |', '|---|---|', *rows, '',
-            '| environment | recorded | re-run | changes bits |', '|---|---|---|---|',
-            *(env or ['| (none) | | | |']), ''])
-
-    def save(self, out:Path, traces:tuple|None=None):
-        "Write report.md, report.json and, given the two traces, report.png (the losses, where they part)"
-        (out/'report.md').write_text(self.markdown())
-        (out/'report.json').write_text(json.dumps(self.to_dict(), indent=1, default=str))
-        if traces is None: return
-        a, mark = traces[0], None
-        if self.parts is not None:
-            rows = np.flatnonzero((a.fit.to_numpy() == self.parts['fit']) & (a.iter.to_numpy() == self.parts['iter']))
-            mark = int(rows[0]) if len(rows) else None
-        fig = plot_losses({'recorded': traces[0], 'reproduced': traces[1]}, self.verdict.split(';')[0], mark,
-                          'where the runs part')
-        fig.savefig(out/'report.png', dpi=80); plt.close(fig)
+__all__ = ['MAX_CANDIDATES', 'STOP_NAME', 'ledger_checkpoint', 'record_reproduction', 'reproduce', 'kept_checkpoints',
+           'segment_plan', 'reproduce_segments', 'segments_verdict']
 
 # %% ../nbs/18_reproduce.ipynb #a1700046
 MAX_CANDIDATES = 1000  # files read when looking for a ledger run's checkpoint: a project's models, not a data lake
@@ -528,6 +79,8 @@ def _data_verdict(run:pd.Series|None, facts:dict, signatures:str) -> str:
     return 'same' if a == b else f"differs: data fingerprint {a} recorded, {b} in the re-run"
 
 # %% ../nbs/18_reproduce.ipynb #a1700040
+STOP_NAME = 'reproduced'  # the re-run's checkpoint at the recorded position: `{out}/reproduced.pth` (and `.json`)
+
 def _position(info:dict, extra:dict) -> dict:
     "Where checkpoint `info` was written, and by which learner (its model's digest, its run seed)"
     return dict(fit=info['fit_idx'], epoch=info['start_epoch'], batch=info['batch'], iteration=info['iteration'],
@@ -564,18 +117,18 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
     run = rec['extra']['callbacks']['repro_cb']['ledger_run'] if run is None else run
     record = None if book is None or run is None else _ledger_record(book, run)
     info, git = rec['info'], rec['info']['git']
-    root = _repository(repo or git.get('root'), git.get('remote_url'))
-    _check_commit(root, git['commit'], git.get('remote_url'))
+    root = code_root(git, repo)
     out.mkdir(parents=True, exist_ok=True)
     stop = out/f'{STOP_NAME}.pth'
     for f in (stop, stop.with_suffix('.json'), out/'rerun.log'): f.unlink(missing_ok=True)
     pos, timings = _position(info, rec['extra']) if until is None else _entry_position(until), {}
     if start is not None: pos['start'] = _segment_start(start, rec)
+    (out/'stop.json').write_text(json.dumps({**pos, 'path': str(stop.with_suffix(''))}))  # the runner's target
     with _interruptible(), code_worktree(root, git) as wt:
         timings['rebuild'] = time.perf_counter() - t0
         _say(show, f"code of commit {git['commit'][:12]}{' with its patch' if git.get('patch') else ''} rebuilt")
         t = time.perf_counter()
-        argv, cwd = rerun_command(info['entry'], wt, command)
+        argv, cwd = rerun_command(info['entry'], wt, out/'stop.json', command)
         run_env = rerun_env(info['entry'], env)
         before = env_differences(info['env'], _expected_env(run_env, info['env']))
         predicted = prediction(before)
@@ -584,7 +137,6 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
         if strict and any(d['bits'] for d in before):
             raise ReproduceError(f"strict: {predicted}, so the bits cannot match; run where the recorded environment "
                                  "is, or without strict to see where the runs part.")
-        run_env[STOP_ENV] = json.dumps({**pos, 'path': str(stop.with_suffix(''))})
         _say(show, f"re-running `{' '.join(argv)}` to fit {pos['fit']}, epoch {pos['epoch']}, batch {pos['batch']}")
         t = time.perf_counter()
         status = run_to_position(argv, cwd, run_env, out/'rerun.log', timeout, show)
@@ -633,7 +185,7 @@ def _segment_start(start, rec:dict) -> dict:
     "Where a segment's re-run starts: the earlier checkpoint `start` of the run that wrote `rec`"
     first = _record(start)
     a, b = (r['info'] for r in (first, rec))
-    if (a['git']['commit'], a['git']['diff_hash'], a['seed']) != (b['git']['commit'], b['git']['diff_hash'], b['seed']):
+    if _run_key(a) != _run_key(b):
         raise ReproduceError(f"{start} and {rec['path']} were written by different runs (commit, patch or seed): a "
                              "segment runs from one checkpoint of a run to a later one of the same run.")
     return {**_position(a, first['extra']), 'path': str(Path(start).absolute().with_suffix(''))}  # as `load` takes

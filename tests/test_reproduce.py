@@ -12,8 +12,9 @@ from fastrepro.checkpoint import checkpoint_info, read_checkpoint, split_state
 from fastrepro.provenance import pack_git
 from fastrepro.core import digest
 from fastrepro.cli import main
-from fastrepro.reproduce import reproduce, reproduce_segments, segments_verdict, EXIT_PARTS, EXIT_FAILED
-from fastrepro.reproduce import _ledger_run, _threads
+from fastrepro.reproduce import reproduce, reproduce_segments, segments_verdict, _ledger_run
+from fastrepro.rebuild import EXIT_PARTS, EXIT_FAILED
+from fastrepro.rerun import _threads
 from fastrepro.preempt import read_manifest, checkpoint_digests
 from fastrepro.ledger import Ledger
 

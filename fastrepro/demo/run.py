@@ -18,7 +18,8 @@ from ..stats import compare, ablation, seeds_needed
 from ..sweep import repeat
 from .ulmfit import *
 from .jobs import Job, job_process, job_error, STOP_EPOCH, RESUME_SEED_OFFSET, JOB_FILE, JOB_TIMEOUT_S
-from ..reproduce import reproduce, rebuild_problem
+from ..reproduce import reproduce
+from ..rebuild import rebuild_problem
 from .core import *
 
 # %% auto #0
