@@ -334,7 +334,6 @@ SELFTEST_EXPERIMENT = 'fastrepro selftest'
 def _check_process(stage:str, folder:Path, timeout:float) -> dict:
     "Run one check process in `folder` with this process's CPU kernels; what it wrote"
     env = {**DETERMINISTIC_ENV, **os.environ, **same_kernels_env()}
-    env.pop('FASTREPRO_STOP_AT', None)  # a `fastrepro reproduce` re-run's stop is not the selftest's
     env['PYTHONPATH'] = os.pathsep.join([str(Path(fastrepro.__file__).resolve().parents[1]), env.get('PYTHONPATH', '')])
     code = f"from fastrepro.proof import run_stage; run_stage({stage!r}, {str(folder)!r})"
     try: p = subprocess.run([sys.executable, '-c', code], cwd=folder, env=env, capture_output=True, text=True,
