@@ -16,7 +16,7 @@ from .kernels import set_deterministic, deterministic_switches, set_switches
 from .kernels import set_portable, restore_portable, portable_problems
 from .checkpoint import CheckpointError, ResumeError, checkpoint_info, read_checkpoint, atomic_torch_save
 from .checkpoint import checkpoint_summary, checkpoint_upgrade, CheckpointWriteError
-from .callback import ReproCB, FitRecord, UnseededStartWarning
+from .callback import ReproCB, UnseededStartWarning
 from .preempt import CheckpointCB
 from .data import make_deterministic, undo_deterministic, set_epoch, pass_problem
 from .data import loader_differences, FastaiMismatchWarning
@@ -26,7 +26,10 @@ from .trace import first_divergence, save_trace, load_trace, state_digest, RunRe
 from .provenance import DirtyTreeError, ProvenanceWarning, RankMismatchError
 from .provenance import git_info, git_patch, check_clean, environment_info, env_diff, run_provenance
 from .provenance import entry_point, cells_script, cells_notebook, write_cells
-from .ledger import Ledger, LedgerError, metrics_frame, metric_column, Spool, LedgerWarning
+from .store import LedgerError
+from .spool import Spool, LedgerWarning
+from .ledger import Ledger, metrics_frame, metric_column
+from .record import FitRecord
 from .stats import compare, ablation, seeds_needed, seed_power, cohens_d, hedges_g, ComparisonWarning
 from .sweep import repeat, pinned, SweepError, WorkerError
 from .reproduce import reproduce, Reproduction, ReproduceError

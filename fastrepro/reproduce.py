@@ -17,7 +17,8 @@ from .checkpoint import (CheckpointError, read_checkpoint, split_state, upgrade_
                                   model_signature, data_fingerprint)
 from .trace import trace_frame, first_divergence, plot_losses, BEFORE_TRAINING, INITIAL_WEIGHTS
 from .provenance import ENTRY_ENV, environment_info, env_diff, git_info, write_cells
-from .ledger import Ledger, LedgerError, REPRODUCTION
+from .store import LedgerError, REPRODUCTION
+from .ledger import Ledger
 from .trackers import note_runs
 from .preempt import POSITION_KEYS, checkpoint_digests, manifest_path, read_manifest, manifest_key
 
