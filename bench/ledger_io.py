@@ -1,5 +1,5 @@
 """Benchmark 5: the run ledger, on both backends: an SQLite file and a PostgreSQL server on 127.0.0.1 (a throwaway
-one, `fastrepro.ledger.local_postgres`, with the server's durable defaults). Absolute numbers (fastai has no ledger):
+one, `fastrepro.store.local_postgres`, with the server's durable defaults). Absolute numbers (fastai has no ledger):
 - one writer: `Ledger.add` of N run records like the ones ReproCB writes (environment, hyperparameters, metrics);
 - 4 concurrent writers: 4 processes adding N/4 records each to one ledger, started together;
 - one fit's bookkeeping: `add` (status 'running') then `update` (metrics, 'completed'), as ReproCB does per fit;
@@ -40,7 +40,7 @@ def _writer(address, first:int, n:int, env:dict, barrier, q):
 
 def _addresses(folder:Path, stack:ExitStack) -> dict:
     "Backend name -> a function giving the address of a new, empty ledger of that name"
-    from fastrepro.ledger import local_postgres, postgres_bin
+    from fastrepro.store import local_postgres, postgres_bin
     res = {'sqlite': lambda name: folder/f'{name}.db'}
     if postgres_bin() is None: return res
     url = stack.enter_context(local_postgres())

@@ -16,7 +16,7 @@ from .kernels import set_deterministic, deterministic_switches, set_switches
 from .kernels import set_portable, restore_portable, portable_problems
 from .checkpoint import CheckpointError, ResumeError, checkpoint_info, read_checkpoint, atomic_torch_save
 from .checkpoint import checkpoint_summary, checkpoint_upgrade, CheckpointWriteError
-from .callback import ReproCB, FitRecord, UnseededStartWarning
+from .callback import ReproCB, UnseededStartWarning
 from .preempt import CheckpointCB
 from .data import make_deterministic, undo_deterministic, set_epoch
 from .passes import pass_problem, loader_differences, FastaiMismatchWarning
@@ -27,7 +27,10 @@ from .provenance import DirtyTreeError, ProvenanceWarning, RankMismatchError
 from .provenance import git_info, git_patch, check_clean, run_provenance
 from .environment import environment_info, env_diff
 from .entry import entry_point, cells_script, cells_notebook, write_cells
-from .ledger import Ledger, LedgerError, metrics_frame, metric_column, Spool, LedgerWarning
+from .store import LedgerError
+from .spool import Spool, LedgerWarning
+from .ledger import Ledger, metrics_frame, metric_column
+from .record import FitRecord
 from .stats import compare, ablation, seeds_needed, seed_power, cohens_d, hedges_g, ComparisonWarning
 from .sweep import repeat, pinned, SweepError, WorkerError
 from .reproduce import reproduce

@@ -6,9 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/callback.html.md"""
 
 # %% ../nbs/03_callback.ipynb #04a93941
 from __future__ import annotations
-import time, uuid, secrets, random
-import numpy as np
-import pandas as pd
+import secrets, random
 from fastai.basics import *
 from fastai.callback.tracker import TrackerCallback
 from fastai.callback.training import GradientAccumulation
@@ -25,142 +23,16 @@ from .trace import Trace, TRACE_EVERY, INITIAL_WEIGHTS, state_digest
 from .environment import environment_info
 from .provenance import (run_provenance, git_info, pack_git, unpack_git, pack_entry, unpack_entry,
                                   check_ranks_agree)
-from .ledger import (Ledger, Spool, SPOOL_NAME, RECORD_TIMEOUT_S, spool_address, LedgerWarning, _one_line,
-                              _hide_password)
+from .ledger import Ledger
+from .record import FitRecord
 from .trackers import FitTrackers
 
 # %% auto #0
-__all__ = ['SEED_DRAW_BITS', 'LOSS_NAMES', 'DEFAULT_EXPERIMENT', 'UNSEEDED_START', 'MOVED_TO_RECORD', 'fit_metrics', 'FitRecord',
-           'FitProvenance', 'UnseededStartWarning', 'FitStart', 'ReproCB', 'show_loaded_fit', 'repro_state']
+__all__ = ['SEED_DRAW_BITS', 'UNSEEDED_START', 'MOVED_TO_RECORD', 'FitProvenance', 'UnseededStartWarning', 'FitStart', 'ReproCB',
+           'show_loaded_fit', 'repro_state']
 
 # %% ../nbs/03_callback.ipynb #7e6d10e3
 SEED_DRAW_BITS = 31    # seeds drawn when none is given: short enough to type back
-LOSS_NAMES = ('loss', 'perplexity', 'error')  # metrics where lower is better, for the ledger's `best`
-DEFAULT_EXPERIMENT = 'default'  # ledger experiment name when ReproCB is given none
-
-# %% ../nbs/03_callback.ipynb #4f2283be
-def fit_metrics(learn) -> dict:
-    "Final and best value of each metric the Recorder recorded in the last fit"
-    rec = getattr(learn, 'recorder', None)
-    if rec is None or not rec.values: return {}
-    names = [n for n in rec.metric_names[1:] if n != 'time']
-    final = dict(zip(names, rec.values[-1]))
-    cols = list(zip(*[v for v in rec.values if len(v) == len(names)]))
-    best = {n: (min if any(s in n for s in LOSS_NAMES) else max)(c) for n, c in zip(names, cols)}
-    return {'final': final, 'best': best}
-
-def _fit_end(exc:BaseException|None=None, cancelled:bool=False) -> tuple:
-    "The ledger status of a fit that ended so, and its note"
-    if exc is not None:
-        status = 'interrupted' if isinstance(exc, (KeyboardInterrupt, SystemExit)) else 'failed'
-        return status, f"{type(exc).__name__}: {exc}"
-    return ('interrupted', 'cancelled (CancelFitException)') if cancelled else ('completed', None)
-
-class FitRecord:
-    ("A fit's record in a ledger: added as 'running' when the fit starts, completed, failed or interrupted when it "
-     "ends; spooled beside the run (`Spool`) while the ledger cannot take it")
-    def __init__(self, ledger:Ledger|str|Path|None=None, experiment:str|None=None, variant:str|None=None,
-                 metric_version:str|None=None, tags:dict|None=None):
-        store_attr('ledger,experiment,variant,metric_version,tags')  # an address is opened when a fit first writes
-        self.run_id, self.fields, self.spool = None, {}, None  # the record's key (`run_key`), fields and spool
-        self.started, self.earlier, self.events = None, 0., []  # this segment's start; time trained before; notes
-        self._told = False  # warned this fit that the ledger failed
-
-    def start(self, learn, seed:int, fit:int, start_epoch:int, prov:dict,
-              resumed:str|int|None=None, # the interrupted fit's record: its key (its id in a format-3 checkpoint)
-              initial_weights:str|None=None, # `state_digest` of the weights the run started from
-             ):
-        "Add the record of a fit; resuming, mark the interrupted fit's record running again"
-        if self.ledger is None or rank_distrib(): return  # one record per fit: rank 0's
-        self.started, self.events, self._told = time.time(), [], False
-        self.spool = Spool(Path(learn.path)/learn.model_dir/SPOOL_NAME)
-        prev = self._previous(resumed)
-        if prev is not None:
-            self.run_id, self.fields = prev
-            self.earlier = float(np.nan_to_num(self.fields.get('duration') or 0.))
-            self.fields.update(status='running', notes=f"resumed at epoch {start_epoch}")
-            return self._write()
-        hp = dict(lr=float(learn.opt.hypers[-1]['lr']) if learn.opt is not None else None, epochs=learn.n_epoch,
-                  bs=getattr(learn.dls, 'bs', None), arch=type(get_model(learn.model)).__name__,
-                  loss_func=type(learn.loss_func).__name__, fit_idx=fit, start_epoch=start_epoch,
-                  world_size=world_size())
-        self.run_id = resumed if isinstance(resumed, str) else uuid.uuid4().hex  # an unreadable resumed record: its key
-        self.earlier, self.fields = 0., dict(
-            experiment=self.experiment or DEFAULT_EXPERIMENT, variant=self.variant, seed=seed, hyperparameters=hp,
-            tags=self.tags, metric_version=self.metric_version, data_fingerprint=data_fingerprint(learn.dls),
-            initial_weights=initial_weights, status='running', started=self.started, **prov)
-        self._write()
-
-    def end(self, learn,
-            exc:BaseException|None=None, # what the fit raised, if it raised
-            cancelled:bool=False, # the fit was cancelled (`CancelFitException`)
-           ):
-        "Complete the running record: how the fit ended, its metrics, finish time and training time"
-        if self.ledger is None or self.started is None: return
-        now, (status, notes) = time.time(), _fit_end(exc, cancelled)
-        self.fields.update(status=status, metrics=fit_metrics(learn), finished=now,
-                           duration=self.earlier + now - self.started)
-        if notes is not None: self.events.append(notes)
-        self._write()
-        self.started = None  # `run_id` stays: a resume of this fit continues its record
-
-    def note(self, event:str):
-        "Add `event` (e.g. a checkpoint that could not be written) to the running record's notes"
-        if self.ledger is None or self.started is None: return
-        self.events.append(event); self._write()
-
-    def update(self, **fields):
-        "Set `fields` of the running record (e.g. its tracker runs) and write it, spooled where the ledger fails"
-        if self.ledger is None or self.started is None: return
-        self.fields.update(fields); self._write()
-
-    def _previous(self, resumed) -> tuple|None:
-        "`(key, fields)` of the record a resumed fit continues: spooled beside the run, or in the ledger"
-        if resumed is None: return None
-        if isinstance(resumed, str) and self.spool.record(resumed) is not None:
-            return resumed, self.spool.record(resumed)
-        try:
-            ledger = self._ledger()
-            if isinstance(resumed, str): return (resumed, ledger.record(resumed)) if ledger.record(resumed) else None
-            runs = ledger.runs(id=resumed)  # a format-3 checkpoint names the record by its id: give it a key
-            if not len(runs): return None
-            key = uuid.uuid4().hex
-            ledger.update(resumed, run_key=key)
-            return key, ledger.record(key)
-        except Exception: return None  # unreachable: the fit starts a record of its own, under the same key
-
-    def _ledger(self) -> Ledger:
-        "The ledger, opened if it was given as an address; on a server, each operation bounded by `RECORD_TIMEOUT_S`"
-        if not isinstance(self.ledger, Ledger): self.ledger = Ledger(self.ledger, timeout=RECORD_TIMEOUT_S)
-        self.ledger = self.ledger.with_timeout(RECORD_TIMEOUT_S)  # a `Ledger` given unbounded too
-        return self.ledger
-
-    def _address(self) -> str:
-        return spool_address(self.ledger.db.address if isinstance(self.ledger, Ledger) else self.ledger)
-
-    def _write(self):
-        "Put the record in the ledger and send what spools hold for it; where the ledger fails, spool the record"
-        fields = dict(self.fields, notes='; '.join(filter(None, [self.fields.get('notes'), *self.events])) or None)
-        try: self.spool.send(self._ledger(), self.run_id, fields)
-        except Exception as e:
-            try: self.spool.put(self._address(), self.run_id, fields)
-            except Exception as e2:
-                return self._warn(e, f"nor could it be kept in {self.spool.path} ({_one_line(e2)}): this state of the "
-                                     "record is lost.")
-            self._warn(e, f"it is kept in {self.spool.path}; the next access to the ledger that succeeds, from any "
-                          f"process here, sends it, or now: fastrepro runs --sync {self.spool.path} --ledger "
-                          f"{self._shown()}")
-
-    def _shown(self) -> str:
-        "The ledger's address as said to the user: without its password"
-        return self.ledger.db.address if isinstance(self.ledger, Ledger) else _hide_password(str(self.ledger))
-
-    def _warn(self, e:Exception, what:str):
-        "Say once per fit that the ledger failed, what became of the record, and that training goes on"
-        if self._told: return
-        self._told = True
-        warnings.warn(f"The ledger {self._shown()} could not record this fit ({_one_line(e)}); {what} Training goes "
-                      "on.", LedgerWarning)
 
 # %% ../nbs/03_callback.ipynb #d5df32c9
 class FitProvenance:

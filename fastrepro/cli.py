@@ -10,8 +10,9 @@ import sys, json, argparse, warnings
 import numpy as np, pandas as pd
 from fastcore.basics import *
 from pathlib import Path
-from .ledger import (Ledger, LedgerError, Spool, SpoolIndex, SPOOL_NAME, spool_address, metrics_frame,
-                              LEDGER_ENV, STATUSES, REPRODUCTION)
+from .store import LedgerError, LEDGER_ENV, STATUSES, REPRODUCTION
+from .spool import Spool, SpoolIndex, SPOOL_NAME, spool_address
+from .ledger import Ledger, metrics_frame
 
 # %% auto #0
 __all__ = ['COMMANDS', 'EXIT_USAGE', 'EXIT_REGRESSION', 'LEDGER_ARG', 'COMPARE_NEEDS', 'CLIError', 'arg', 'command', 'parser',

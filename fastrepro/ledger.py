@@ -6,94 +6,18 @@ Docs: https://fastrepro.github.io/fastrepro/ledger.html.md"""
 
 # %% ../nbs/11_ledger.ipynb #487eb8fd
 from __future__ import annotations
-import os, re, json, time, random, socket, sqlite3, shutil, hashlib, tempfile, warnings, threading, subprocess
-import contextlib
+import json, time, random, warnings, contextlib
 import numpy as np, pandas as pd
-from datetime import datetime, timezone, timedelta
-from pathlib import Path
+from datetime import datetime, timezone
 from fastcore.basics import *
 from .stats import compare, CompareResult, ComparisonWarning
+from .store import (LEDGER_ENV, SCHEMA, SCHEMA_VERSION, MIGRATIONS, FIELDS, JSON_FIELDS, VALUE_FIELDS,
+                             TIME_FIELDS, MAX_RETRIES, RETRY_WAIT_S, LedgerError, SQLiteDB, PostgresDB, ledger_address,
+                             _encode, _check_fields, _one_line)
+from .spool import LedgerWarning, SpoolIndex, spool_address
 
 # %% auto #0
-__all__ = ['LEDGER_ENV', 'DEFAULT_LEDGER', 'SERVER_SCHEMES', 'SCHEMA_VERSION', 'SCHEMA', 'MIGRATIONS', 'FIELDS', 'JSON_FIELDS',
-           'VALUE_FIELDS', 'TIME_FIELDS', 'REPRODUCTION', 'SELFTEST', 'STATUSES', 'BUSY_TIMEOUT_S', 'CONNECT_TIMEOUT_S',
-           'MAX_RETRIES', 'RETRY_WAIT_S', 'SCHEMA_LOCK', 'RECORD_TIMEOUT_S', 'SPOOL_NAME', 'SPOOLS_ENV', 'PG_BIN_GLOB',
-           'PG_START_TIMEOUT_S', 'PG_PORT_TRIES', 'ledger_address', 'LedgerError', 'metrics_frame', 'metric_column',
-           'SQLiteDB', 'PostgresDB', 'spool_address', 'LedgerWarning', 'Spool', 'spools_folder', 'SpoolIndex', 'Ledger',
-           'postgres_bin', 'local_postgres']
-
-# %% ../nbs/11_ledger.ipynb #3d281ab1
-LEDGER_ENV = 'FASTREPRO_LEDGER'  # environment variable naming the default ledger (a file path or a server URL)
-DEFAULT_LEDGER = '~/.fastrepro/ledger.db'
-SERVER_SCHEMES = ('postgresql://', 'postgres://')  # URL prefixes of a ledger on a PostgreSQL server
-
-def ledger_address(address=None) -> Path|str:
-    "The ledger: `address`, else the `FASTREPRO_LEDGER` environment variable, else ~/.fastrepro/ledger.db"
-    a = address or os.environ.get(LEDGER_ENV) or DEFAULT_LEDGER
-    return a if isinstance(a, str) and a.startswith(SERVER_SCHEMES) else Path(a).expanduser()
-
-# %% ../nbs/11_ledger.ipynb #0e821f92
-SCHEMA_VERSION = 3
-SCHEMA = [  # a ledger of version SCHEMA_VERSION; JSON fields and `metric_version`, `data_fingerprint` as JSON text
-    '''CREATE TABLE runs (id {id}, experiment TEXT NOT NULL, variant TEXT, seed BIGINT, "commit" TEXT,
-       dirty INTEGER, patch TEXT, git TEXT, env_hash TEXT, env TEXT, hyperparameters TEXT, tags TEXT, metrics TEXT,
-       metric_version TEXT, data_fingerprint TEXT, status TEXT NOT NULL, started TEXT, finished TEXT,
-       duration DOUBLE PRECISION, notes TEXT, entry TEXT, run_key TEXT, trackers TEXT, initial_weights TEXT)''',
-    'CREATE INDEX runs_experiment_variant ON runs (experiment, variant)',
-    'CREATE UNIQUE INDEX runs_run_key ON runs (run_key)',
-    'CREATE TABLE ledger_schema (version INTEGER NOT NULL)',
-]
-MIGRATIONS = {  # version v -> the statements that bring a version-v ledger to version v+1
-    # 2: how the run was started (`entry_point`); the key a run's writer gives it, so that writing it again (a
-    # spooled record sent twice) updates it; the runs of the fit's trackers
-    1: ['ALTER TABLE runs ADD COLUMN entry TEXT', 'ALTER TABLE runs ADD COLUMN run_key TEXT',
-        'CREATE UNIQUE INDEX runs_run_key ON runs (run_key)', 'ALTER TABLE runs ADD COLUMN trackers TEXT'],
-    2: ['ALTER TABLE runs ADD COLUMN initial_weights TEXT'],  # 3: the digest of the weights the run started from
-}
-FIELDS = ('experiment', 'variant', 'seed', 'commit', 'dirty', 'patch', 'git', 'env_hash', 'env', 'hyperparameters',
-          'tags', 'metrics', 'metric_version', 'data_fingerprint', 'status', 'started', 'finished', 'duration', 'notes',
-          'entry', 'run_key', 'trackers', 'initial_weights')
-# dicts; select on them in the DataFrame
-JSON_FIELDS = ('git', 'env', 'hyperparameters', 'tags', 'metrics', 'entry', 'trackers')
-VALUE_FIELDS = ('metric_version', 'data_fingerprint')  # any JSON value, stored with its type and filterable
-TIME_FIELDS = ('started', 'finished')
-REPRODUCTION = 'reproduction'  # the status of a `reproduce` verdict on another run (`tags['reproduces']`)
-SELFTEST = 'selftest'  # the status of a `fastrepro selftest --ledger` result: which stacks were proven
-STATUSES = ('running', 'completed', 'failed', 'interrupted', REPRODUCTION, SELFTEST)
-
-# %% ../nbs/11_ledger.ipynb #2ccd76cd
-class LedgerError(ValueError):
-    "The ledger cannot do what was asked: unknown run, experiment or field, incomparable runs, unreadable ledger"
-
-def _json_default(o):
-    "JSON encoding of what `json` does not know: NumPy/torch scalars and arrays, paths, datetimes"
-    if isinstance(o, datetime): return _utc(o)
-    if isinstance(o, Path): return str(o)
-    if hasattr(o, 'tolist'): return o.tolist()
-    if hasattr(o, 'item'): return o.item()
-    raise TypeError(f"{type(o).__name__} {o!r} cannot be stored as JSON in the ledger")
-
-def _utc(t) -> str|None:
-    "`t` (datetime, ISO string or Unix timestamp) as a UTC ISO 8601 string with microseconds"
-    if t is None: return None
-    if isinstance(t, (int, float)): t = datetime.fromtimestamp(t, timezone.utc)
-    if isinstance(t, str): t = datetime.fromisoformat(t)
-    if isinstance(t, pd.Timestamp): t = t.to_pydatetime()
-    return t.astimezone(timezone.utc).isoformat(timespec='microseconds')  # naive datetimes are taken as local time
-
-def _check_fields(names, where='record'):
-    unknown = [k for k in names if k not in FIELDS]
-    if unknown: raise LedgerError(f"Unknown {where} field(s) {unknown}: the ledger stores {list(FIELDS)}. Put "
-                                  "free-form values into `tags`, `hyperparameters` or `notes`.")
-
-def _encode(k:str, v):
-    "Field `k`'s value as stored"
-    if v is None: return None
-    if k in JSON_FIELDS or k in VALUE_FIELDS: return json.dumps(v, sort_keys=True, default=_json_default)
-    if k in TIME_FIELDS: return _utc(v)
-    if k == 'dirty': return int(bool(v))
-    if k == 'status' and v not in STATUSES: raise LedgerError(f"status {v!r} is not one of {STATUSES}")
-    return v.item() if hasattr(v, 'item') else v
+__all__ = ['metrics_frame', 'metric_column', 'Ledger']
 
 # %% ../nbs/11_ledger.ipynb #12d2c949
 _FILTERABLE = ('id',) + tuple(f for f in FIELDS if f not in JSON_FIELDS)
@@ -157,7 +81,6 @@ def _same(field:str, b:pd.DataFrame, e:pd.DataFrame, names:tuple, why:str):
         raise LedgerError(f"Cannot compare: the {names[0]} runs have {field} {sorted(vb, key=str)} and the {names[1]} "
                           f"runs {sorted(ve, key=str)}. {why}")
 
-# %% ../nbs/11_ledger.ipynb #cee812ac
 def _age(age) -> pd.Timedelta:
     "`age` (a timedelta, a pandas string such as '30 days', or seconds) as a Timedelta"
     return pd.Timedelta(seconds=age) if isinstance(age, (int, float)) else pd.Timedelta(age)
@@ -181,8 +104,7 @@ def _check_age(b:pd.DataFrame, e:pd.DataFrame, max_age, names:tuple):
     if gap > _age(max_age):
         warnings.warn(f"The {names[0]} runs started up to {gap.round('1s')} before the {names[1]} runs (more than "
                       f"max_baseline_age={_age(max_age)}): machines, drivers and packages drift. Re-run the "
-                      f"{names[0]}.",
-                      ComparisonWarning, stacklevel=3)
+                      f"{names[0]}.", ComparisonWarning, stacklevel=3)
 
 def _check_seeds(runs:pd.DataFrame, name:str):
     seeds = runs.seed.dropna()
@@ -190,252 +112,6 @@ def _check_seeds(runs:pd.DataFrame, name:str):
         warnings.warn(f"The {name} runs repeat seeds {sorted({int(s) for s in seeds[seeds.duplicated()]})}: runs with "
                       "the same seed are copies, not independent samples. Use distinct seeds.", ComparisonWarning,
                       stacklevel=3)
-
-# %% ../nbs/11_ledger.ipynb #1489c1c7
-BUSY_TIMEOUT_S = 30.  # how long a writer waits for another writer's lock before the database reports it locked
-CONNECT_TIMEOUT_S = 10  # how long to wait for a ledger server to answer (a URL's own `connect_timeout` wins)
-MAX_RETRIES = 10      # attempts of an operation that still finds the database locked
-RETRY_WAIT_S = 0.05   # base of the randomised, growing wait between attempts
-SCHEMA_LOCK = 0x66727072  # PostgreSQL advisory lock key held while a ledger is created or migrated ('frpr')
-
-def _one_line(e:Exception) -> str: return ' '.join(str(e).split())
-def _hide_password(url:str) -> str: return re.sub(r'(://[^:/@]*):[^@/]*@', r'\1:***@', url)
-
-def _free_space(path:Path) -> str:
-    "How much the file system of `path` (or of its nearest existing folder) has free, in words"
-    p = Path(path).absolute()
-    while not p.exists() and p != p.parent: p = p.parent
-    try: return f"{shutil.disk_usage(p).free:,} bytes"
-    except OSError: return "unknown space"
-
-_SERVER_HINTS = {  # what a server's message means a user should do
-    'password': ". Give the password in the URL (postgresql://user:password@host:port/db), in PGPASSWORD or in "
-                "~/.pgpass.",
-    'does not exist': ". Check the database and user names in the URL; `createdb` makes a database.",
-    'connection': ". Check the host and port in the URL, and that the server runs and accepts TCP connections.",
-}
-def _server_hint(e:Exception) -> str:
-    "The one thing to do about a server's error `e`, where its message says"
-    return first((h for k,h in _SERVER_HINTS.items() if k in str(e).lower()), '') or ''
-
-# what SQLite says when its file system refuses: full, read-only (WAL cannot open its shared memory), failing
-_UNWRITABLE = ('full', 'readonly', 'disk I/O error', 'unable to open database file')
-
-class SQLiteDB:
-    "An embedded ledger: one SQLite file, in WAL mode (readers never block the writer), on a local disk"
-    key = 'INTEGER PRIMARY KEY AUTOINCREMENT'  # the `{id}` column of `SCHEMA`: ids are never reused
-    def __init__(self, path:Path): self.path, self.address = path, str(path)
-    def exists(self) -> bool: return self.path.exists()
-    def connect(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        con = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-        try:
-            if con.execute('PRAGMA journal_mode').fetchone()[0] != 'wal': con.execute('PRAGMA journal_mode=WAL')
-        except BaseException: con.close(); raise  # no open file left behind on a disk that fails
-        return con
-    def sql(self, s:str) -> str: return s  # the queries are written with SQLite's `?` placeholders
-    def begin(self, con, lock:bool=False): con.execute('BEGIN IMMEDIATE')  # the write lock is the ledger's lock
-    def tables(self, con) -> set:
-        return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    def retryable(self, e:Exception) -> bool:
-        return isinstance(e, sqlite3.OperationalError) and ('locked' in str(e) or 'busy' in str(e))
-    def bounded(self, con): return contextlib.nullcontext()  # a file does not hang the way a server does
-    def failure(self, e:Exception) -> LedgerError|None:
-        "The one-line error to raise instead of `e`, if any"
-        if isinstance(e, sqlite3.DatabaseError) and 'not a database' in str(e):
-            return LedgerError(f"{self.path} is not an SQLite database, so it is no fastrepro ledger. Point `Ledger` "
-                               f"(or {LEDGER_ENV}) at a ledger file or at a new path.")
-        if isinstance(e, sqlite3.OperationalError) and any(s in str(e) for s in _UNWRITABLE):
-            return LedgerError(f"The ledger {self.path} cannot be written: {_one_line(e)} ({_free_space(self.path)} "
-                               "free there). Free space, or point the ledger at a writable disk.")
-
-class _Deadline:
-    "Shut the socket `fd` down after `seconds` unless `end`ed first: a read blocked on it then fails at once"
-    def __init__(self, fd:int, seconds:float):
-        self.fd, self.lock, self.passed, self.ended = fd, threading.Lock(), False, False
-        self.timer = threading.Timer(seconds, self._cut)
-        self.timer.daemon = True
-        self.timer.start()
-    def _cut(self):
-        with self.lock:  # never after `end`: the connection's file descriptor may belong to another file by then
-            if self.ended: return
-            self.passed = True
-            with contextlib.suppress(OSError), socket.fromfd(self.fd, socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.shutdown(socket.SHUT_RDWR)
-    def end(self):
-        with self.lock: self.ended = True
-        self.timer.cancel()
-
-class PostgresDB:
-    "A ledger on a PostgreSQL server (`pip install 'fastrepro[team]'`): for runs from several machines"
-    key = 'BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY'
-    def __init__(self, url:str, timeout:float|None=None):  # None: `CONNECT_TIMEOUT_S` to connect, operations unbounded
-        self.url, self.address, self.timeout = url, _hide_password(url), timeout
-    def exists(self) -> bool: return True  # a database that does not exist is the server's error
-    def connect(self):
-        try: import psycopg
-        except ImportError: raise LedgerError(f"The ledger {self.address} is on a PostgreSQL server, which needs the "
-                                              "psycopg driver: pip install 'fastrepro[team]'.") from None
-        options = f'-c lock_timeout={round(BUSY_TIMEOUT_S*1000)}'
-        if self.timeout: options += f' -c statement_timeout={round(self.timeout*1000)}'  # a slow server gives up
-        params = dict(connect_timeout=round(self.timeout or CONNECT_TIMEOUT_S), options=options)
-        return psycopg.connect(**{**params, **psycopg.conninfo.conninfo_to_dict(self.url)}, autocommit=True)
-    def sql(self, s:str) -> str: return s.replace('?', '%s')
-    def begin(self, con, lock:bool=False):
-        con.execute('BEGIN')
-        if lock: con.execute('SELECT pg_advisory_xact_lock(%s)', [SCHEMA_LOCK])
-    def tables(self, con) -> set:
-        return {r[0] for r in con.execute('SELECT table_name FROM information_schema.tables '
-                                          'WHERE table_schema = current_schema()')}
-    @contextlib.contextmanager
-    def bounded(self, con):
-        "Cut the connection `con` when what is done on it takes longer than `timeout`: a hung server hangs no one"
-        if self.timeout is None: yield; return
-        deadline = _Deadline(con.pgconn.socket, self.timeout)
-        try: yield
-        except Exception as e:
-            if not deadline.passed: raise
-            raise LedgerError(f"The ledger server {self.address} accepted the connection but did not answer within "
-                              f"{self.timeout} s ({_one_line(e)}). Check that the server runs and is not overloaded."
-                             ) from None
-        finally: deadline.end()
-    def retryable(self, e:Exception) -> bool: return type(e).__name__ in ('SerializationFailure', 'DeadlockDetected')
-    def failure(self, e:Exception) -> LedgerError|None:
-        "The one-line error to raise instead of `e`, if any: whatever the server or the connection to it says"
-        import psycopg
-        if isinstance(e, psycopg.Error) and not self.retryable(e):
-            return LedgerError(f"The ledger server {self.address} failed: {_one_line(e)}{_server_hint(e)}")
-
-# %% ../nbs/11_ledger.ipynb #434ae6ea
-RECORD_TIMEOUT_S = 5  # how long a fit waits for its ledger server (to connect, then per write) before spooling
-SPOOL_NAME = 'ledger-spool.db'  # a run's spool, beside its checkpoints: `learn.path/learn.model_dir/SPOOL_NAME`
-SPOOLS_ENV = 'FASTREPRO_SPOOLS'  # environment variable naming the folder of the `SpoolIndex` (tests: a temporary one)
-
-def spool_address(address) -> str:
-    "How a spool names the ledger `address` its records are for: a resolved path, or a URL without its password"
-    a = ledger_address(address)
-    return _hide_password(a) if isinstance(a, str) else str(a.resolve())
-
-class LedgerWarning(UserWarning):
-    "The ledger could not take a record, which was spooled (or lost): training went on"
-
-class Spool:
-    "Ledger records kept beside a run while their ledger cannot take them: an SQLite file, one row per record"
-    def __init__(self, path:Path|str): self.path = Path(path)
-    def __repr__(self): return f"Spool('{self.path}', {len(self)} records)"
-    def __len__(self): return len(self.records())
-
-    @contextlib.contextmanager
-    def _connect(self):
-        con = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)  # each statement commits
-        try:
-            con.execute('CREATE TABLE IF NOT EXISTS spool (run_key TEXT PRIMARY KEY, ledger TEXT NOT NULL, '
-                        'record TEXT NOT NULL, stamp INTEGER NOT NULL)')
-            yield con
-        finally: con.close()
-
-    def put(self, ledger:str, # the ledger the record is for (`spool_address`)
-            run_key:str, record:dict):
-        "Keep `record`, the newest state of run `run_key` (its older state, if any, is replaced atomically)"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._connect() as con:
-            con.execute('INSERT OR REPLACE INTO spool VALUES (?, ?, ?, ?)', (run_key, ledger, json.dumps(
-                record, sort_keys=True, default=_json_default), time.time_ns()))
-        # not noted (a cache that cannot be written): the next fit here or `fastrepro runs --sync SPOOL` sends it
-        with contextlib.suppress(OSError): SpoolIndex().add(ledger, self.path)
-
-    def records(self, ledger:str|None=None) -> list:
-        "`(run_key, ledger, record, stamp)` of each spooled record (for `ledger` only, if given), oldest first"
-        if not self.path.exists(): return []
-        with self._connect() as con:
-            rows = con.execute('SELECT run_key, ledger, record, stamp FROM spool ORDER BY stamp').fetchall()
-        return [(k, a, json.loads(r), s) for k,a,r,s in rows if ledger is None or a == ledger]
-
-    def record(self, run_key:str) -> dict|None:
-        "The spooled state of run `run_key`, or None"
-        return first((r for k,_,r,_ in self.records() if k == run_key), None)
-
-    def drop(self, run_key:str, stamp:int|None=None):
-        "Forget run `run_key` (only its state `stamp`, if given: a newer one stays)"
-        if not self.path.exists(): return
-        with self._connect() as con:
-            con.execute('DELETE FROM spool WHERE run_key = ?' + ('' if stamp is None else ' AND stamp = ?'),
-                        (run_key,) if stamp is None else (run_key, stamp))
-
-    @contextlib.contextmanager
-    def _locked(self):
-        "The spool's write lock, held (None where there is no spool: nothing spooled to send meanwhile)"
-        if not self.path.exists(): yield None; return
-        with self._connect() as con:
-            con.execute('BEGIN IMMEDIATE')
-            try: yield con
-            except BaseException: con.execute('ROLLBACK'); raise
-            con.execute('COMMIT')
-
-    def sync(self, ledger:Ledger) -> int:
-        "Send the records spooled for `ledger` to it, each exactly once; returns how many were sent"
-        sent = 0
-        for key, _, _, stamp in self.records(spool_address(ledger.db.address)):
-            # under the lock, the run's writer can neither send a newer state nor spool one until this one is sent:
-            # a state read before the lock and replaced or sent since is not sent (it would overwrite a newer one)
-            with self._locked() as con:
-                row = con.execute('SELECT record FROM spool WHERE run_key = ? AND stamp = ?', (key, stamp)).fetchone()
-                if row is None: continue
-                ledger._put(key, json.loads(row[0]))  # a sync killed after it sends the record again, to the same run
-                con.execute('DELETE FROM spool WHERE run_key = ? AND stamp = ?', (key, stamp))
-                sent += 1
-        return sent
-
-    def send(self, ledger:Ledger, run_key:str, record:dict) -> int:
-        "Put `record` in `ledger` in place of any state of it spooled here, then what is spooled for `ledger`"
-        with self._locked() as con:
-            rid = ledger._put(run_key, record)
-            # its older states: only the run's own writer spools them
-            if con is not None: con.execute('DELETE FROM spool WHERE run_key = ?', (run_key,))
-        self.sync(ledger)  # this spool's other records, noted in the index or not
-        ledger._send_spooled()  # the other spools' records for the ledger
-        return rid
-
-def spools_folder() -> Path:
-    "The folder of the `SpoolIndex`: `FASTREPRO_SPOOLS`, else the user's cache (`XDG_CACHE_HOME`, ~/.cache)"
-    if os.environ.get(SPOOLS_ENV): return Path(os.environ[SPOOLS_ENV]).expanduser()
-    return Path(os.environ.get('XDG_CACHE_HOME') or '~/.cache').expanduser()/'fastrepro'/'spools'
-
-def _digest(s:str) -> str: return hashlib.sha256(s.encode()).hexdigest()[:16]
-
-class SpoolIndex:
-    "The user's spools that hold records, by ledger: a folder, one small file per ledger and spool, written atomically"
-    def __init__(self, path:Path|str|None=None): self.path = Path(path) if path else spools_folder()
-    def __repr__(self): return f"SpoolIndex('{self.path}')"
-
-    def _note(self, ledger:str, spool:Path) -> Path:
-        return self.path/f"{_digest(ledger)}-{_digest(f'{socket.gethostname()}:{spool}')}.json"
-
-    def add(self, ledger:str, # the ledger `spool` holds records for (`spool_address`)
-            spool:Path|str):
-        "Note that `spool` holds records for `ledger` (a spool noted already is not written again)"
-        spool = Path(spool).absolute()
-        note = self._note(ledger, spool)
-        if note.exists(): return
-        note.parent.mkdir(parents=True, exist_ok=True)
-        tmp = note.with_name(f'.{note.name}.{os.getpid()}')
-        tmp.write_text(json.dumps(dict(ledger=ledger, spool=str(spool), host=socket.gethostname())))
-        os.replace(tmp, note)  # atomic: a reader finds the whole note or none
-
-    def spools(self, ledger:str) -> list:
-        "The spools noted for `ledger` that hold records for it; the notes of spools gone or emptied are dropped"
-        found = []
-        for note in sorted(self.path.glob(f'{_digest(ledger)}-*.json')):
-            with contextlib.suppress(FileNotFoundError):  # dropped meanwhile by another process
-                n = json.loads(note.read_text())
-                sp = Spool(n['spool'])
-                if not sp.path.exists() and n['host'] != socket.gethostname(): continue  # another machine's disk
-                try: held = bool(sp.records(ledger))
-                except sqlite3.Error: held = True  # an unreadable spool: its sync says why
-                if held: found.append(sp); continue
-                note.unlink()
-                if sp.records(ledger): self.add(ledger, sp.path)  # spooled between the look and the unlink
-        return found
 
 # %% ../nbs/11_ledger.ipynb #1d2cb463
 class Ledger:
@@ -674,51 +350,3 @@ def _inventory(exps:pd.DataFrame) -> str:
     per = [f"{e!r}: " + ', '.join(f"{v} ({n} runs)" for v,n in zip(g.variant, g.runs))
            for e,g in exps.groupby('experiment')]
     return "It holds: " + '; '.join(per) + '.'
-
-# %% ../nbs/11_ledger.ipynb #6a2f9c07
-PG_BIN_GLOB = 'usr/lib/postgresql/*/bin'  # where Debian and Ubuntu put PostgreSQL's server binaries, one per version
-PG_START_TIMEOUT_S = 60  # how long `pg_ctl` may take to initialise, start or stop the server
-PG_PORT_TRIES = 3  # free ports tried: another process may take the one picked before the server binds it
-
-def postgres_bin() -> Path|None:
-    "The folder of PostgreSQL's `initdb` and `pg_ctl`: from the PATH, else the newest /usr/lib/postgresql/*/bin"
-    if shutil.which('initdb'): return Path(shutil.which('initdb')).parent
-    found = sorted(Path('/').glob(PG_BIN_GLOB), key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0)
-    return found[-1] if found else None
-
-def _free_port() -> int:
-    with socket.socket() as s: s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
-
-@contextlib.contextmanager
-def local_postgres(user:str='fastrepro', # the server's superuser
-                   password:str='fastrepro', # its password (the server asks for it: scram-sha-256)
-                   **settings, # server settings, e.g. fsync='off' for tests
-                  ):
-    "A throwaway PostgreSQL server on 127.0.0.1: yields the URL of its `postgres` database; removed at the end"
-    bindir = postgres_bin()
-    if bindir is None:
-        raise LedgerError("No PostgreSQL server binaries (initdb, pg_ctl) found: apt-get install postgresql")
-    as_root = os.geteuid() == 0
-    run_as = ['runuser', '-u', 'postgres', '--'] if as_root else []  # the server refuses to run as root
-    tmp = Path(tempfile.mkdtemp(prefix='fastrepro-pg-'))
-    def pg(*args):
-        r = subprocess.run(run_as + [str(bindir/args[0]), *map(str, args[1:])], capture_output=True, text=True,
-                           timeout=PG_START_TIMEOUT_S)
-        if r.returncode: raise LedgerError(f"{args[0]} failed: {_one_line(r.stderr or r.stdout)}")
-    try:
-        (tmp/'pw').write_text(password)
-        if as_root:
-            for p in (tmp, tmp/'pw'): shutil.chown(p, 'postgres')
-        pg('initdb', '-D', tmp/'data', '-U', user, f'--pwfile={tmp/"pw"}', '-A', 'scram-sha-256', '-E', 'UTF8',
-           '--no-sync')
-        opts = ''.join(f' -c {k}={v}' for k,v in settings.items())
-        for attempt in range(PG_PORT_TRIES):
-            port = _free_port()
-            try: pg('pg_ctl', '-D', tmp/'data', '-l', tmp/'log', '-w', '-t', PG_START_TIMEOUT_S,
-                    '-o', f'-p {port} -h 127.0.0.1 -k {tmp}{opts}', 'start')
-            except LedgerError:
-                if attempt == PG_PORT_TRIES-1: raise
-            else: break
-        try: yield f'postgresql://{user}:{password}@127.0.0.1:{port}/postgres'
-        finally: pg('pg_ctl', '-D', tmp/'data', '-m', 'immediate', 'stop')
-    finally: shutil.rmtree(tmp, ignore_errors=True)

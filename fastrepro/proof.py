@@ -24,7 +24,8 @@ from .trace import RunRecord, same_run
 from .passes import LOADER_DIFFERENCES, loader_differences, foreign_fastai
 from .audit import NondeterminismError, audit_switches, audit_model, fix_rnn_dropout
 from .environment import environment_info
-from .ledger import Ledger, SELFTEST
+from .store import SELFTEST
+from .ledger import Ledger
 
 # %% auto #0
 __all__ = ['SEED', 'OTHER_SEED', 'N_EPOCH', 'LR', 'LOADERS', 'MIXED', 'STOPS', 'WORKERS', 'STAGE_TIMEOUT_S', 'EXIT_FAILED',

@@ -11,7 +11,7 @@ from pathlib import Path
 from .core import digest
 from .checkpoint import CheckpointError, read_checkpoint, split_state, upgrade_state, checkpoint_info
 from .provenance import git_info
-from .ledger import _one_line
+from .store import _one_line
 
 # %% auto #0
 __all__ = ['EXIT_REPRODUCED', 'EXIT_PARTS', 'EXIT_FAILED', 'GIT_TIMEOUT_S', 'ReproduceError', 'code_root', 'rebuild_problem',

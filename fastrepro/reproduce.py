@@ -11,7 +11,8 @@ from pathlib import Path
 import pandas as pd
 from .checkpoint import CheckpointError, read_checkpoint, split_state, checkpoint_info
 from .trace import trace_frame
-from .ledger import Ledger, LedgerError, REPRODUCTION, _one_line
+from .store import LedgerError, REPRODUCTION, _one_line
+from .ledger import Ledger
 from .trackers import note_runs
 from .preempt import POSITION_KEYS, manifest_path, read_manifest, manifest_key
 from .rebuild import ReproduceError, EXIT_REPRODUCED, EXIT_PARTS, _record, _git, code_root, code_worktree

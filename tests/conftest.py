@@ -92,7 +92,7 @@ def run_py(code, cwd, env=None, timeout=None):
 @pytest.fixture(scope='session')
 def pg_server():
     "URL of a PostgreSQL server started for this session (fsync off: nothing here needs to survive a crash)"
-    from fastrepro.ledger import local_postgres, postgres_bin
+    from fastrepro.store import local_postgres, postgres_bin
     if postgres_bin() is None:
         if shutil.which('apt-get'):
             pytest.fail("PostgreSQL's server binaries are missing: apt-get install -y postgresql (.ci/run does)")

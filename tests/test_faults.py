@@ -9,7 +9,8 @@ import pytest, torch
 from fastai.basics import Callback, CancelFitException
 from fastai.test_utils import synth_learner
 from fastrepro.all import ReproCB, CheckpointCB, Ledger, LedgerError, checkpoint_info, seed_everything
-from fastrepro.ledger import postgres_bin, local_postgres, Spool, SpoolIndex, SPOOL_NAME, SPOOLS_ENV, LedgerWarning
+from fastrepro.store import postgres_bin, local_postgres
+from fastrepro.spool import Spool, SpoolIndex, SPOOL_NAME, SPOOLS_ENV, LedgerWarning
 from fastrepro.checkpoint import CheckpointWriteError
 from fastrepro.preempt import SAVE_FAILED_EXIT, read_manifest
 from conftest import hang_limit
@@ -149,9 +150,9 @@ STOP_IN_WRITE = """CREATE FUNCTION stop_server() RETURNS trigger LANGUAGE plpgsq
 CREATE TRIGGER stop_server BEFORE INSERT OR UPDATE ON runs FOR EACH ROW EXECUTE FUNCTION stop_server()"""
 
 def test_server_hangs_during_fit(pg, tmp_path, monkeypatch):
-    import time, psycopg, fastrepro.callback
+    import time, psycopg, fastrepro.record
     bound = 2  # seconds: RECORD_TIMEOUT_S made short (psycopg's shortest connect_timeout) to keep the test short
-    monkeypatch.setattr(fastrepro.callback, 'RECORD_TIMEOUT_S', bound)
+    monkeypatch.setattr(fastrepro.record, 'RECORD_TIMEOUT_S', bound)
     len(Ledger(pg))
     pm = postmaster(pg)
     with psycopg.connect(pg, autocommit=True) as con: con.execute(STOP_IN_WRITE.format(pm=pm))
@@ -183,7 +184,7 @@ def test_server_hangs_during_fit(pg, tmp_path, monkeypatch):
 OPEN_LEDGER = "import sys; from fastrepro.ledger import Ledger; Ledger(sys.argv[1])"
 
 def test_spool_reaches_ledger_from_any_process(tmp_path, spool_index):
-    from fastrepro.ledger import spool_address
+    from fastrepro.spool import spool_address
     from fastrepro.cli import main
     folder, away = tmp_path/'ledgers', tmp_path/'away'
     db = folder/'runs.db'

@@ -5,8 +5,9 @@ import io, json, time, socket, sqlite3, contextlib, multiprocessing
 from pathlib import Path
 import numpy as np, pandas as pd, pytest
 from concurrent.futures import ThreadPoolExecutor
-import fastrepro.ledger as ledger_module
-from fastrepro.ledger import Ledger, LedgerError, SCHEMA_VERSION
+import fastrepro.store as store_module
+from fastrepro.ledger import Ledger
+from fastrepro.store import LedgerError, SCHEMA_VERSION
 from fastrepro.cli import main
 import sweep_jobs
 from conftest import hang_limit
@@ -179,9 +180,9 @@ def test_server_bad_input(pg_server, monkeypatch):
     with socket.socket() as silent:  # accepts connections (the kernel's backlog) and never says a word
         silent.bind(('127.0.0.1', 0)); silent.listen(8)
         url = f'postgresql://fastrepro:sekret@127.0.0.1:{silent.getsockname()[1]}/x'
-        monkeypatch.setattr(ledger_module, 'CONNECT_TIMEOUT_S', 1)  # the default bound, shortened for the test
+        monkeypatch.setattr(store_module, 'CONNECT_TIMEOUT_S', 1)  # the default bound, shortened for the test
         assert 'timeout' in _server_error(url, 8)
-        monkeypatch.setattr(ledger_module, 'CONNECT_TIMEOUT_S', 60)  # a URL's own connect_timeout wins
+        monkeypatch.setattr(store_module, 'CONNECT_TIMEOUT_S', 60)  # a URL's own connect_timeout wins
         assert 'timeout' in _server_error(url + '?connect_timeout=1', 8)
 
 

@@ -5,7 +5,8 @@ in one line, exit 2, that it cannot run where it cannot write its temporary fold
 import os, re
 import pytest
 from pathlib import Path
-from fastrepro.ledger import Ledger, SELFTEST
+from fastrepro.ledger import Ledger
+from fastrepro.store import SELFTEST
 from conftest import fastrepro_cli as fastrepro, hang_limit
 
 HANG_S = hang_limit(60)  # stops a hang: the selftest takes about 40 s on 2 quiet cores (it bounds each check process)
