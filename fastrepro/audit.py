@@ -27,7 +27,6 @@ class NondeterminismError(RuntimeError):
 class NondeterminismWarning(UserWarning):
     "A source of nondeterminism found before training, reported rather than refused"
 
-# %% ../nbs/08_audit.ipynb #abab811f
 _RNN_TYPES = (nn.LSTM, nn.GRU, nn.RNN)
 CUDNN_DEVICE = 'cuda'  # the device type on which torch runs multi-layer RNNs (and their dropout) through cuDNN
 
@@ -128,7 +127,6 @@ class StackedRNN(Module):
             if new != k: state_dict[new] = state_dict.pop(k)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-# %% ../nbs/08_audit.ipynb #37bdbaaf
 def _layer_options(rnn:nn.Module) -> tuple:
     "The class and the type-specific constructor options of `rnn`'s layers"
     cls = next(c for c in _RNN_TYPES if isinstance(rnn, c))
@@ -190,7 +188,6 @@ def _switch_findings(sw:dict) -> list[str]:
                    "raise. `seed_everything` sets it (it must be set before CUDA starts).")
     return res
 
-# %% ../nbs/08_audit.ipynb #27baa5a7
 def _recorded_findings(sw:dict, recorded:dict|None, num_threads:int|None, recorded_threads:int|None) -> list[str]:
     "How the switches `sw` and the thread count differ from a recorded run's"
     res = []

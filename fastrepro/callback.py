@@ -277,7 +277,6 @@ def repro_state(cb:ReproCB) -> dict:
     if cb.position.batch: res['inside'] = inside_state(learn, cb._train_end, cb.deterministic_data and cb.active)
     return res
 
-# %% ../nbs/03_callback.ipynb #017b5006
 @checkpoint_summary('repro_cb')
 def _repro_summary(state:dict) -> dict:
     "What `checkpoint_info` shows of a `ReproCB` state"
@@ -328,7 +327,6 @@ def _repro_from_v3(d:dict, learn:Learner|None) -> tuple:
      "read the entry; a fit resumed from it starts its trackers' runs anew)")
     return {**d, 'provenance': {**d['provenance'], 'entry': None}, 'trackers': None}, []
 
-# %% ../nbs/03_callback.ipynb #c6881974
 @patch(as_prop=True)
 def repro_trace(self:Learner) -> pd.DataFrame:
     "The per-iteration trace of the attached `ReproCB`: fit, epoch, iter, exact loss, parameter norms"

@@ -24,7 +24,6 @@ __all__ = ['STATE_KEY', 'FORMAT_VERSION', 'TMP_PREFIX', 'DURABLE', 'CheckpointEr
 STATE_KEY = '__fastrepro__'   # where fastrepro's state lives inside the optimizer entry
 FORMAT_VERSION = 5            # the checkpoint layout; a change bumps it, and older ones keep loading (`upgrade_state`)
 
-# %% ../nbs/02_checkpoint.ipynb #e0329bf7
 class CheckpointError(RuntimeError):
     "A checkpoint that cannot be used for an exact resume: corrupt, truncated, or from another model or data"
 
@@ -112,7 +111,6 @@ def fastai_safe_globals() -> list:
     scalar = (np._core if np.lib.NumpyVersion(np.__version__) >= '2.0.0' else np.core).multiarray.scalar  # NumPy 1 too
     return [L, scalar, np.dtype, *[getattr(np.dtypes, dt) for dt in np.dtypes.__all__]]
 
-# %% ../nbs/02_checkpoint.ipynb #79665fad
 def read_checkpoint(file, # path of the checkpoint
                     map_location='cpu', # where tensors go
                     mmap:bool=False, # memory-map tensors instead of reading them (fast peeks at metadata)
@@ -132,7 +130,6 @@ def read_checkpoint(file, # path of the checkpoint
                               "Use an earlier checkpoint; fastrepro writes atomically, so this file was damaged "
                               "after it was written or was not written by fastrepro.") from e
 
-# %% ../nbs/02_checkpoint.ipynb #02f70c67
 def split_state(state) -> tuple:
     "`(model_state, opt_state or None, fastrepro_state or None)` of a loaded checkpoint, in fastai's layout"
     if not (isinstance(state, dict) and set(state) == {'model', 'opt'}): return state, None, None
@@ -146,7 +143,6 @@ def model_signature(model) -> dict:
     shapes = {k: list(v.shape) for k, v in get_model(model).state_dict().items()}
     return {'digest': digest(sorted(shapes.items())), 'shapes': shapes}
 
-# %% ../nbs/02_checkpoint.ipynb #24b25f7e
 def check_compatible(learn, extra:dict, file):
     "Raise `CheckpointError` when the checkpoint in `file` (fastrepro state `extra`) belongs to another model or data"
     # `extra` is in the current format (`upgrade_state`)
@@ -215,7 +211,6 @@ def save(self:Learner, file, **kwargs):
     distrib_barrier()  # the other ranks return once the file is complete (fastai's `save_model` does not wait)
     return file
 
-# %% ../nbs/02_checkpoint.ipynb #68efeb47
 def _hand_over(learn, extra, file, notes=()):
     "Give each stateful callback its part of `extra` (fastrepro state read from `file`): it keeps it pending"
     cbs = stateful_cbs(learn)

@@ -40,7 +40,6 @@ def command(name:str, # the subcommand, as typed after `fastrepro`
         return f
     return _register
 
-# %% ../nbs/14_cli.ipynb #49c62c31
 def parser() -> argparse.ArgumentParser:
     "The `fastrepro` argument parser, with one subparser per registered `command`"
     p = argparse.ArgumentParser(prog='fastrepro', description='Reproducible, honestly comparable fastai experiments.')
@@ -121,7 +120,6 @@ def _jsonable(v):
     if isinstance(v, pd.Timestamp): return v.isoformat()
     return v.item() if isinstance(v, np.generic) else v
 
-# %% ../nbs/14_cli.ipynb #e3a1c004
 def _reproduced(runs:pd.DataFrame, reproductions:pd.DataFrame) -> pd.Series:
     "Each run's latest reproduction verdict (`fastrepro reproduce --ledger`), with the id of its record"
     res = pd.Series(None, index=runs.index, dtype=object)
@@ -130,7 +128,6 @@ def _reproduced(runs:pd.DataFrame, reproductions:pd.DataFrame) -> pd.Series:
         if target in res.index: res[target] = f"{r.notes.split(';')[0]} (#{rid})"
     return res
 
-# %% ../nbs/14_cli.ipynb #16c7b7af
 def sync_spools(spools:list, # spool files (`Spool`), or folders holding one (a run's `models`)
                 address=None, # the ledger (default: `ledger_address()`), created if it does not exist yet
                ) -> Ledger:
@@ -278,7 +275,6 @@ def demo_command(args):
         from fastrepro.demo.run import run_demo  # imports torch and fastai: only for this command
     return run_demo(args.profile, n_seeds=args.seeds, data=args.data, out=args.out, workers=args.workers)
 
-# %% ../nbs/14_cli.ipynb #2a10c9ff
 @command('selftest', arg('--ledger', nargs='?', const=True, metavar='PATH|URL',
                          help=f'also record the result in the ledger: a file, or a postgresql:// URL (with no '
                               f'value: ${LEDGER_ENV}, else ~/.fastrepro/ledger.db)'),

@@ -18,12 +18,10 @@ def resume_epoch(learn:Learner) -> int:
     "The epoch the running fit starts at: `start_epoch` when it resumes, 0 for a fresh fit."
     return max([cb._skip_to for cb in learn.cbs if isinstance(cb, SkipToEpoch)], default=0)
 
-# %% ../nbs/00_core.ipynb #b4b2adf3
 def in_lr_find(learn:Learner) -> bool:
     "True while `learn.lr_find` (or any fit with an `LRFinder`) is running."
     return any(isinstance(cb, LRFinder) for cb in learn.cbs)
 
-# %% ../nbs/00_core.ipynb #1e3baf2f
 def is_stateful(cb) -> bool:
     "Does `cb` take part in checkpoints, i.e. define `state_dict` and `load_state_dict`?"
     return callable(getattr(type(cb), 'state_dict', None)) and callable(getattr(type(cb), 'load_state_dict', None))
@@ -58,7 +56,6 @@ def fit(self:Learner, n_epoch, lr=None, wd=None, cbs=None, reset_opt=False, star
         raise
     finally: self.__dict__['_repro_fit_depth'] -= 1
 
-# %% ../nbs/00_core.ipynb #d3321e1a
 def in_fit(learn:Learner) -> bool:
     "True inside `Learner.fit`; False in `validate`/`get_preds`, which also send `before_fit` to callbacks"
     return learn.__dict__.get('_repro_fit_depth', 0) > 0

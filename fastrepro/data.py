@@ -64,7 +64,6 @@ def _as_epoch(epoch):
         raise ValueError("The pass coordinate `epoch` is an empty tuple: give an int or a tuple like (fit_idx, epoch).")
     return tuple(int(o) for o in epoch)
 
-# %% ../nbs/05_data.ipynb #66b4d8f7
 @dataclass
 class ServedPass:
     "A pass that a loader serves, as the loader counts it (in the main process)"
@@ -125,7 +124,6 @@ def _set_cpu_states(states:tuple):
     py, npy, pt = states
     random.setstate(py); np.random.set_state(npy); torch.default_generator.set_state(pt)
 
-# %% ../nbs/05_data.ipynb #ea1d240e
 def _cuda_gen(dl):
     "The generator of the CUDA device `dl` puts its batches on, if any: batch transforms there draw from it"
     dev = dl.device
@@ -160,7 +158,6 @@ def _base(dl):
     inner = dl.__dict__.get('dl')
     return inner if isinstance(inner, DataLoader) else dl
 
-# %% ../nbs/05_data.ipynb #48c5bd59
 def _reset_order(dl):
     "Put back the canonical order of a loader that reshuffles its previous order in place (fastai's `LMDataLoader`)"
     holder = _order_holder(dl)
@@ -206,7 +203,6 @@ def _set_served_order(self, idxs): self.__dict__['_DataLoader__idxs'] = _serve(s
 # sees the order whichever `get_idxs` (a subclass's, one passed in, `DistributedDL`'s share) drew it
 DataLoader._DataLoader__idxs = property(_served_order, _set_served_order)
 
-# %% ../nbs/05_data.ipynb #ef7f8119
 def _pass_pos(dl, st:DataStreams, pos:int) -> int:
     "The position in the whole pass of the `pos`-th sample this process makes (fastai deals batches to workers in turn)"
     bs = dl.bs or 1
@@ -241,7 +237,6 @@ def create_batches(self:DataLoader, samps):
     return (_fastai['create_batches'](self, samps) if st is None or not st.steps_draw
             else _stream_batches(self, st, samps))
 
-# %% ../nbs/05_data.ipynb #436811e5
 class _WorkerSeed(torch.Generator):
     "The generator PyTorch draws a pass's worker base seed from, in the main process; pickled, it is a fresh one"
     # PyTorch draws the base seed before it starts the workers, which never use this generator; a worker started with

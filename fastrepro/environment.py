@@ -47,7 +47,6 @@ def _static_info() -> dict:
                 hostname=socket.gethostname(), packages_hash=packages_hash(), n_packages=len(installed_packages()),
                 libc='-'.join(platform.libc_ver()) or None)  # torch's `default` CPU kernels call its exp, log, tanh
 
-# %% ../nbs/09a_environment.ipynb #5e786cb6
 def numeric_switches() -> dict:
     "`deterministic_switches` plus the other settings that change results: TF32 use, matmul precision, the hash seed"
     return dict(deterministic_switches(), cudnn_allow_tf32=torch.backends.cudnn.allow_tf32,

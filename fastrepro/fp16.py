@@ -27,14 +27,12 @@ HISTORY_SCHEMA = dict(fit=torch.int64, epoch=torch.int64, iter=torch.int64, scal
                       scale_after=torch.float32, growth_tracker=torch.int64, scaled=torch.bool)
 HISTORY_COLUMNS = tuple(HISTORY_SCHEMA)
 
-# %% ../nbs/06_fp16.ipynb #afec5c17
 def amp_device_type(learn:Learner) -> str:
     "The device type autocast and the `GradScaler` must use for `learn`: its dls' device, else its model's"
     dev = getattr(learn.dls, 'device', None)
     if dev is None: dev = next((p.device for p in learn.model.parameters()), 'cpu')
     return torch.device(dev).type
 
-# %% ../nbs/06_fp16.ipynb #b90cd0b6
 def onednn_fp16_unsupported(model:nn.Module) -> list:
     "Names of the modules of `model` that oneDNN cannot run under CPU float16 autocast"
     return [n for n, m in model.named_modules() if isinstance(m, ONEDNN_FP16_UNSUPPORTED)]
@@ -277,7 +275,6 @@ def to_repro_bf16(self:Learner):
     "Like fastai's `to_bf16`, with `ReproMixedPrecision` (no scaler; the history records that nothing is scaled)"
     return self.to_repro_fp16(amp_mode=AMPMode.BF16)
 
-# %% ../nbs/06_fp16.ipynb #2f5e9280
 def _repro_mp(learn:Learner) -> ReproMixedPrecision:
     cb = getattr(learn, 'mixed_precision', None)
     if isinstance(cb, ReproMixedPrecision): return cb

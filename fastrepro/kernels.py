@@ -93,7 +93,6 @@ def deterministic_switches() -> dict:
                 mkldnn=torch.backends.mkldnn.enabled,
                 nnpack=torch._C._get_nnpack_enabled())
 
-# %% ../nbs/01b_kernels.ipynb #e6794c7e
 def set_switches(switches:dict):
     "Put the deterministic switches as `switches` says (the output of `deterministic_switches`)"
     torch.backends.cudnn.deterministic = switches['cudnn_deterministic']
@@ -111,7 +110,6 @@ def set_switches(switches:dict):
     if 'mkldnn' in switches: torch.backends.mkldnn.enabled = switches['mkldnn']
     if 'nnpack' in switches: torch._C._set_nnpack_enabled(switches['nnpack'])
 
-# %% ../nbs/01b_kernels.ipynb #471dfb22
 def set_deterministic(
     deterministic:bool=True, # switch determinism on (True) or leave PyTorch's fast defaults (False)
     warn_only:bool=False, # with `deterministic`, warn instead of raising on nondeterministic ops

@@ -100,8 +100,6 @@ def add_to_manifest(checkpoint, # the checkpoint just written
     os.replace(tmp, f)
     return res
 
-
-# %% ../nbs/04_preempt.ipynb #3f2619bb
 class CheckpointCB(Callback):
     ("Checkpoints inside epochs (every N iterations or T seconds), at SIGTERM/SIGUSR1 before exiting, "
      "and rerun-to-continue")

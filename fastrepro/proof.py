@@ -43,7 +43,6 @@ WORKERS = 2          # the DataLoader worker processes of the run that must equa
 STAGE_TIMEOUT_S = 600 # a check process that runs longer is stopped, and the selftest says it could not run
 EXIT_FAILED, EXIT_CANNOT_RUN = 1, 2
 
-# %% ../nbs/19_proof.ipynb #5ba52c7d
 class SelftestError(RuntimeError):
     "The selftest could not run here (its folder, its processes, a generator); not a verdict on fastrepro"
 
@@ -114,7 +113,6 @@ def tab_learner(path:Path, workers:int=0) -> Learner:
 BUILDERS = dict(lm=lm_learner, clas=clas_learner, tfmd=tfmd_learner, tabular=tab_learner,
                 fp16=tfmd_learner, bf16=tfmd_learner)
 
-# %% ../nbs/19_proof.ipynb #bf23395b
 class _SignalAt(Callback):
     "Send this process SIGTERM after training iteration `it`, or after epoch `epoch`'s validation"
     order = CheckpointCB.order - 1  # before CheckpointCB looks for a signal, after the batch or epoch
@@ -176,7 +174,6 @@ def _resume(folder:Path, recipe:str, stop:str):
 
 def _stops(recipe:str) -> tuple: return STOPS if recipe in LOADERS else ('middle',)
 
-# %% ../nbs/19_proof.ipynb #9133b2cf
 def _guard_check() -> tuple:
     "Does the installed fastai's DataLoader behave as the data streams rely on (at import, and probed again now)?"
     found = list(dict.fromkeys(LOADER_DIFFERENCES + loader_differences()))
@@ -290,7 +287,6 @@ def run_stage(stage:str, folder:str):
     else: res = dict(cannot=problem)
     (folder/f'{stage}.json').write_text(json.dumps(dict(log=log, **res)))
 
-# %% ../nbs/19_proof.ipynb #0f404d88
 @dataclass
 class Selftest:
     "The selftest's checks on this stack, the stack, and its time"
@@ -331,7 +327,6 @@ class Selftest:
 
 SELFTEST_EXPERIMENT = 'fastrepro selftest'
 
-# %% ../nbs/19_proof.ipynb #4f4169dc
 def _check_process(stage:str, folder:Path, timeout:float) -> dict:
     "Run one check process in `folder` with this process's CPU kernels; what it wrote"
     env = {**DETERMINISTIC_ENV, **os.environ, **same_kernels_env()}

@@ -29,7 +29,6 @@ class DirtyTreeError(RuntimeError):
 class ProvenanceWarning(UserWarning):
     "Provenance could not be fully recorded (e.g. the code is not in a git repository)"
 
-# %% ../nbs/10_provenance.ipynb #ad2d92c9
 MAX_FILES_SHOWN = 10  # files listed per category in a `DirtyTreeError` message
 _GIT_ENV = {'GIT_OPTIONAL_LOCKS': '0'}  # reading must never take the index lock a concurrent git command may hold
 _warned_outside = set()  # paths already warned about, so each warns once per process

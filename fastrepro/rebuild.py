@@ -46,7 +46,6 @@ def _record(path) -> dict:
                              "checkout.")
     return dict(path=path, info=info, model=model, opt=opt, extra=upgrade_state(extra, path)[0])
 
-# %% ../nbs/17a_rebuild.ipynb #a1700016
 def _git(cwd, *args, input:bytes|None=None, check:bool=True) -> subprocess.CompletedProcess:
     "`git args` in `cwd`, without the repository's hooks, bounded by `GIT_TIMEOUT_S`"
     p = subprocess.run(['git', '-c', f'core.hooksPath={os.devnull}', *args], cwd=cwd, input=input,
@@ -87,7 +86,6 @@ def rebuild_problem(git:dict|None, # a checkpoint's git record (`checkpoint_info
     try: code_root(git, repo)
     except ReproduceError as e: return str(e)
 
-# %% ../nbs/17a_rebuild.ipynb #a1700017
 def _apply(wt:Path, git:dict):
     "Apply the recorded patch of `git` to the worktree `wt`, strictly, and check the result against its hash"
     data = git['patch'].encode('utf-8', 'surrogateescape')

@@ -64,7 +64,6 @@ def _dropped_start_epoch(max_depth:int=30):
             return f.f_code.co_name, v
         f = f.f_back
 
-# %% ../nbs/02a_resume.ipynb #65c32501
 def _check_continues(state:dict, start:int, n_epoch:int, deterministic_data:bool, allow_world_size_change:bool):
     "Refuse a fit that would not continue the checkpoint `state` where it stopped"
     pos = state['position']
@@ -86,7 +85,6 @@ def _check_continues(state:dict, start:int, n_epoch:int, deterministic_data:bool
                           f"n_epoch={n_epoch} changes the schedule. Call the same fit method with "
                           f"n_epoch={pos['n_epoch']}.")
 
-# %% ../nbs/02a_resume.ipynb #01649a29
 class ResumePlan:
     "How the fit that starts now continues the loaded checkpoint, if any: made and checked once, applied by the events"
     def __init__(self,

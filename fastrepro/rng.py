@@ -35,7 +35,6 @@ def seed_global(seed:int):
     seed_global.last = seed  # `torch_seeded` knows fastrepro's own seeds, whatever their size
 seed_global.last = None
 
-# %% ../nbs/01_rng.ipynb #3a692011
 def seed_everything(seed:int, # seed for every generator
                     deterministic:bool=True, # also flip every deterministic switch (cuDNN, algorithms, cuBLAS, MKL CNR)
                     warn_only:bool=False, # with `deterministic`, warn instead of raising on nondeterministic ops
@@ -98,14 +97,12 @@ def _set_torch_state(st, gen=torch.default_generator):
         st = torch.from_numpy(np.concatenate([b[:_TORCH_MT_START], words, b[mid:]]))
     gen.set_state(st)
 
-# %% ../nbs/01_rng.ipynb #5346b1e7
 def rng_states() -> dict:
     "Every global generator state: Python, NumPy, torch CPU and every CUDA device"
     res = {'python': _py_state(), 'numpy': _np_state(), 'torch': _torch_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized(): res['cuda'] = torch.cuda.get_rng_state_all()
     return res
 
-# %% ../nbs/01_rng.ipynb #b27fd0a5
 def restore_rng_states(states:dict, # from `rng_states`, possibly through `torch.save`/`torch.load(weights_only=True)`
                       ):
     "Restore every generator state captured by `rng_states`"

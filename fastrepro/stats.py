@@ -55,7 +55,6 @@ def hedges_g(baseline, experiment) -> float:
     dof = len(baseline) + len(experiment) - 2
     return cohens_d(baseline, experiment) * float(np.exp(gammaln(dof/2) - np.log(np.sqrt(dof/2)) - gammaln((dof-1)/2)))
 
-# %% ../nbs/12_stats.ipynb #09a333da
 def _verdict(mean_diff:float, p_value:float, alpha:float, higher_is_better:bool) -> str:
     "Significant differences are a progression when they go the metric's good way; NaN p-values are not significant"
     if not p_value < alpha: return NO_DIFFERENCE
@@ -108,7 +107,6 @@ class CompareResult:
         rows += [f"| {i} | {' | '.join(r)} |" for i,r in zip(tbl.index, tbl.values)]
         return f"**{self._title()}**\n\n" + '\n'.join(rows) + f"\n\n{self._summary()}\n\n**verdict: {self.verdict}**"
 
-# %% ../nbs/12_stats.ipynb #ee14ee32
 def _warn_weak(b:np.ndarray, e:np.ndarray, names:tuple):
     "Warn about samples too small to estimate a spread, or without any spread (is the seed used at all?)"
     for a,name in zip((b,e), names):
@@ -120,7 +118,6 @@ def _warn_weak(b:np.ndarray, e:np.ndarray, names:tuple):
             warnings.warn(f"All {len(a)} runs of the {name} gave exactly {a[0]!r}: the seed does not change the "
                           "result. Check that each run really uses its own seed.", ComparisonWarning, stacklevel=3)
 
-# %% ../nbs/12_stats.ipynb #10583350
 def compare(baseline, # metric values of the baseline runs, one per seed
             experiment, # metric values of the experiment runs, one per seed
             higher_is_better:bool=True, # the metric's direction (False for losses and error rates)
@@ -206,7 +203,6 @@ def _interaction(samples:list, alpha:float, equal_var:bool, higher_is_better:boo
     return dict(mean_diff=est, ci_low=est-h, ci_high=est+h, t=float(t), df=dof, p_value=p,
                 verdict=sig[_verdict(est, p, alpha, higher_is_better)])
 
-# %% ../nbs/12_stats.ipynb #bf698d9c
 def _shadowed(verdicts:dict, names:tuple) -> list:
     "Names of the single changes that regress alone while their combination progresses"
     if verdicts[names[2]] != PROGRESSION: return []

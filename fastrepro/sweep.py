@@ -93,7 +93,6 @@ def _train_pinned(train_fn, seed:int, with_env:bool) -> dict:
     return dict(seed=seed, metrics=metrics, error=error, trace=trace, started=started, finished=_now(),
                 duration=time.perf_counter()-t0, env=env)
 
-# %% ../nbs/13_sweep.ipynb #5d63aa26
 def _check_sendable(train_fn, executor:Executor):
     "Refuse early, and clearly, a `train_fn` that the worker processes of a process pool cannot load"
     if not isinstance(executor, ProcessPoolExecutor): return  # Dask and submitit send functions by value
@@ -142,7 +141,6 @@ def _iter_runs(job, seeds:list, executor:Executor|None):
     finally:
         for o in pending: o.cancel()  # after Ctrl-C or a refused worker: start nothing more
 
-# %% ../nbs/13_sweep.ipynb #f620f0cf
 def _record(ledger, rec:dict, seed, submitted:datetime, run) -> int:
     "Add one run of `repeat` to `ledger`; `run` is `_run_seed`'s result, or the exception that ended the seed"
     rec = dict(rec, seed=seed)
@@ -165,7 +163,6 @@ def _completed(ledger, rec:dict, seeds:list) -> dict:
     return {int(r.seed): dict(seed=int(r.seed), run_id=i, duration=r.duration, **r.metrics['final'])
             for i, r in runs[~runs.seed.duplicated()].iterrows()}
 
-# %% ../nbs/13_sweep.ipynb #2b7d4c91
 def _warn_kernels(unlike:dict):
     "Say which seeds ran with other CPU kernels than this process (`unlike`: seed -> what `take_kernels` said)"
     what = '; '.join(dict.fromkeys(f"{k}: {ours!r} here, {worker!r} there" for d in unlike.values()

@@ -31,7 +31,6 @@ def _norm_columns(trace:pd.DataFrame) -> list[str]:
     "The parameter-norm columns of `trace`, in its (the model's parameter) order"
     return [c for c in trace.columns if c.startswith(NORM_PREFIX)]
 
-# %% ../nbs/09_trace.ipynb #955f604c
 class Trace:
     "The trace of a run: each training iteration's exact loss, and every `every` iterations each parameter's norm"
     def __init__(self, every:int=TRACE_EVERY): # record the parameter norms every N iterations (0: losses only)
@@ -121,7 +120,6 @@ def trace_frame(d:dict) -> pd.DataFrame:
         for i, n in enumerate(d['param_names']): df[NORM_PREFIX+n] = norms[:, i]
     return df
 
-# %% ../nbs/09_trace.ipynb #b9c8e5c1
 def _exact_float32(s:pd.Series, what:str) -> np.ndarray:
     "`s` as float32, refusing values that float32 would round"
     a = s.to_numpy(np.float64)
@@ -199,7 +197,6 @@ def _differs(a:np.ndarray, b:np.ndarray) -> np.ndarray:
     "Elementwise exact inequality, NaN equal to NaN"
     return ~((a == b) | (np.isnan(a) & np.isnan(b)))
 
-# %% ../nbs/09_trace.ipynb #281711d6
 def _divergence(a:pd.DataFrame, b:pd.DataFrame) -> Divergence|None:
     "Where traces `a` and `b` part: their initial weights, where both record them, then row by row"
     wa, wb = a.attrs.get(INITIAL_WEIGHTS), b.attrs.get(INITIAL_WEIGHTS)
@@ -253,7 +250,6 @@ def save_trace(trace:pd.DataFrame, # a run trace, e.g. `learn.repro_trace`
     atomic_torch_save({'format': TRACE_FORMAT, 'version': TRACE_VERSION, 'trace': compact_frame(trace)}, path)
     return path
 
-# %% ../nbs/09_trace.ipynb #e7ab1459
 def _checkpoint_trace(d:dict, path:Path) -> dict:
     "The compact trace `ReproCB` keeps in checkpoint `d`, of any checkpoint format (an older one is upgraded)"
     extra = split_state(d)[2]
@@ -291,7 +287,6 @@ def state_digest(model) -> str:
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
-# %% ../nbs/09_trace.ipynb #966f3874
 def _frame_tensors(df:pd.DataFrame|None) -> dict|None:
     "The columns of `df` as tensors of their own dtype (exact, `weights_only`-safe)"
     return None if df is None else {str(c): torch.from_numpy(df[c].to_numpy(copy=True)) for c in df.columns}

@@ -79,7 +79,6 @@ def compare_states(a:dict, b:dict) -> dict:
         res[f'callback {name}'] = first_difference(ca.get(name), cb.get(name), name)
     return res
 
-# %% ../nbs/17c_verdict.ipynb #acd97f31
 DIGEST_QUANTITIES = {'weights': 'weights', 'optimizer state': 'optimizer', 'generator states': 'generators'}
 
 def _trace_before(trace:pd.DataFrame, pos:dict) -> pd.DataFrame:

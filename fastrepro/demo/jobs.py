@@ -92,7 +92,6 @@ def job_server(env:dict) -> JobServer:
     if key not in _servers or _servers[key].proc.poll() is not None: _servers[key] = JobServer(env)
     return _servers[key]
 
-# %% ../../nbs/15a_jobs.ipynb #2d5b20f4
 STOP_EPOCH = 0            # the last fit is stopped right after this epoch (0-based)
 RESUME_SEED_OFFSET = 1000 # the resuming process seeds its globals with seed + this: another seed, on purpose
 JOB_FILE = 'job.pkl'      # the job file in the run's folder
@@ -121,7 +120,6 @@ class KillAt(Callback):
         if not self.training or self.learn.train_iter != self.it: return
         if self.fit is None or self.learn.checkpoint_cb.fit_number == self.fit: os.kill(os.getpid(), self.signum)
 
-# %% ../../nbs/15a_jobs.ipynb #964e8bfb
 @dataclass
 class Job:
     "A ULMFiT run that can be trained, stopped and resumed, each stage in its own process"
@@ -178,7 +176,6 @@ class Job:
         pd.to_pickle({f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, self.path/JOB_FILE)
         return self.path/JOB_FILE
 
-# %% ../../nbs/15a_jobs.ipynb #384b4fad
 def _script(job:Job, kill=None):
     "The three-fit ULMFiT script, every learner with `CheckpointCB(autoresume=True)`; `kill`: (iteration, signal, fit)"
     ckpt = lambda: [CheckpointCB(every_iters=job.every_iters, autoresume=True)] + ([KillAt(*kill)] if kill else [])

@@ -125,7 +125,6 @@ class StrayDraw(Callback):
     def before_batch(self):
         if self.training and self.train_iter == self.at: torch.rand(1)
 
-# %% ../../nbs/16_demo.ipynb #7ec3f8eb
 @demo_check('nondeterminism found')
 def check_nondeterminism(demo:Demo):
     "Check 4: one stray random draw at iteration `STRAY_ITER` is found by `first_divergence` at exactly that iteration"
@@ -187,7 +186,6 @@ def seed_pool(workers:int): # processes (0: none)
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context('spawn'), initializer=_fork_pools) as ex:
         yield ex
 
-# %% ../../nbs/16_demo.ipynb #6896bcd1
 @demo_check('change over seeds')
 def check_variants(demo:Demo):
     "Check 5: baseline vs `drop_mult` over several seeds (`compare`), the A/B/A+B `ablation`, and `seeds_needed`"
@@ -239,7 +237,6 @@ def profile_table(vocab_sz:int, # the vocabulary size of the models counted
                    'language model': stages_text(lm_stages(p, p.pretrained)), 'classifier': stages_text(clas_stages(p))}
     return pd.DataFrame(rows)
 
-# %% ../../nbs/16_demo.ipynb #31126f66
 def module_types(model) -> set:
     "The class names of all modules of `model`: what its architecture is made of, whatever its size"
     return {type(m).__name__ for m in model.modules()}

@@ -50,7 +50,6 @@ PROFILES = {
                     n_layers=3, lm_epochs=4, clas_epochs=4, lm_lr=2e-2, clas_lr=2e-2, pretrained=True),
 }
 
-# %% ../../nbs/15_ulmfit.ipynb #3a4fc1b2
 TEXT_COL, LABEL_COL, VALID_COL = 'text', 'label', 'is_valid'  # the columns a CSV of labelled texts has
 SPLIT_SEED = 42          # seeds the validation split of a CSV without `is_valid` (unless given another seed)
 VALID_PCT = 0.2          # validation share of a CSV without an `is_valid` column (a split seeded with the run seed)
@@ -60,7 +59,6 @@ DISCRIMINATIVE = 2.6**4
 ENCODER = 'enc'          # file name (in `models/`) of the language model's saved encoder
 NUM_WORKERS = 0          # DataLoader worker processes; with ReproCB the batches are the same whatever the number
 
-# %% ../../nbs/15_ulmfit.ipynb #7e3e6808
 def get_profile(profile:str|Profile) -> Profile:
     "A `Profile` from its name (or itself)"
     if isinstance(profile, Profile): return profile
@@ -80,7 +78,6 @@ def imdb_sample_path() -> Path:
                         f"Put fastai's imdb_sample/texts.csv in {home}/data/imdb_sample/ (or set FASTAI_HOME), "
                         "or pass your own CSV with --data.") from e
 
-# %% ../../nbs/15_ulmfit.ipynb #0a393e0c
 def subsample(df:pd.DataFrame, n_texts:int|None, max_chars:int|None, valid_col:str='is_valid',
               text_col:str='text') -> pd.DataFrame:
     "The first rows of each split (in the split's proportion), texts cut to `max_chars`"
@@ -97,7 +94,6 @@ def imdb_sample_df(profile:str|Profile='test') -> pd.DataFrame:
     df = pd.read_csv(imdb_sample_path()/'texts.csv')
     return subsample(df, p.n_texts, p.max_chars)
 
-# %% ../../nbs/15_ulmfit.ipynb #60ba7e00
 def lm_dls(df:pd.DataFrame, profile:str|Profile='test', text_col='text', valid_col='is_valid', **kwargs) -> DataLoaders:
     "Language-model DataLoaders (an `LMDataLoader` for training) on the texts of `df`"
     p = get_profile(profile)
@@ -168,7 +164,6 @@ def _valid_flags(s:pd.Series, path) -> pd.Series:
                         f"got e.g. {s[v.isna()].iloc[0]!r}.")
     return v.astype(bool)
 
-# %% ../../nbs/15_ulmfit.ipynb #eb836b0a
 def check_text_data(df:pd.DataFrame, # texts, labels and the `is_valid` split
                     where='the data', # how to name the data in messages
                     profile:str|Profile|None=None, # also check there is enough text for this profile's batches
@@ -197,7 +192,6 @@ def check_text_data(df:pd.DataFrame, # texts, labels and the `is_valid` split
                             "Add texts or use --profile test.")
     return df
 
-# %% ../../nbs/15_ulmfit.ipynb #7da54162
 def read_text_csv(path, # a CSV with a `text` and a `label` column, optionally `is_valid`
                   seed:int=SPLIT_SEED, # seeds the validation split when the CSV has no `is_valid` column
                   valid_pct:float=VALID_PCT, # validation share of that split
@@ -216,7 +210,6 @@ def read_text_csv(path, # a CSV with a `text` and a `label` column, optionally `
     else: df[VALID_COL] = np.random.default_rng(seed).permutation(len(df)) < round(valid_pct * len(df))
     return check_text_data(df, str(path))
 
-# %% ../../nbs/15_ulmfit.ipynb #480c4d5e
 def labelled_texts(data=None, # a CSV for `read_text_csv`; None: fastai's IMDB sample
               profile:str|Profile='fast', # the profile whose `n_texts` and `max_chars` cut the data
               seed:int=SPLIT_SEED, # seeds the validation split of a CSV without `is_valid`
@@ -258,7 +251,6 @@ Stage = namedtuple('Stage', 'freeze_to n_epoch lr')
 # fastai's gradual unfreezing: (freeze_to, epochs, lr / clas_lr)
 CLAS_RECIPE = ((-1, 1, 1.), (-2, 1, 1/2), (-3, 1, 1/4), (0, 2, 1/20))
 
-# %% ../../nbs/15_ulmfit.ipynb #83317a07
 def lm_stages(profile:str|Profile, # the profile
               pretrained:bool, # whether the language model starts from WT103 weights
              ) -> list:
@@ -275,7 +267,6 @@ def clas_stages(profile:str|Profile, # the profile
     return [Stage(f, n, p.clas_lr*k if f == -1 else slice(p.clas_lr*k/DISCRIMINATIVE, p.clas_lr*k))
             for f, n, k in CLAS_RECIPE]
 
-# %% ../../nbs/15_ulmfit.ipynb #aaa2345c
 def fit_stage(learn:Learner, # the learner, its layer groups frozen as the stage says
               stage:Stage, # the fit
               freeze:bool=True, # freeze as the stage says first (False for a resumed fit, frozen before its `load`)
@@ -337,7 +328,6 @@ def ulmfit_lm(df:pd.DataFrame, # texts (`text`) and split (`is_valid`)
     learn.save_encoder(ENCODER)
     return learn
 
-# %% ../../nbs/15_ulmfit.ipynb #cd195156
 def ulmfit_classifier(df:pd.DataFrame, # texts, labels and split
                       vocab:list, # the language model's vocabulary
                       profile:str|Profile, # the run's size
