@@ -8,8 +8,6 @@ Docs: https://fastrepro.github.io/fastrepro/callback.html.md"""
 from __future__ import annotations
 import secrets, random
 from fastai.basics import *
-from fastai.callback.tracker import TrackerCallback
-from fastai.callback.training import GradientAccumulation
 from .core import *
 from .rng import derive_seed, seed_global, rng_states, torch_seeded
 from .kernels import FitSwitches
@@ -21,7 +19,7 @@ from .distrib import world_size
 from .audit import audit_fit, audit_resume, Findings
 from .trace import Trace, TRACE_EVERY, INITIAL_WEIGHTS, state_digest
 from .environment import environment_info
-from .provenance import (run_provenance, git_info, pack_git, unpack_git, pack_entry, unpack_entry,
+from .provenance import (run_provenance, git_info, pack_git, pack_entry,
                                   check_ranks_agree)
 from .ledger import Ledger
 from .record import FitRecord
@@ -276,56 +274,6 @@ def repro_state(cb:ReproCB) -> dict:
     if not cb.deterministic_data: res['loader_orders'] = loader_orders(learn.dls)
     if cb.position.batch: res['inside'] = inside_state(learn, cb._train_end, cb.deterministic_data and cb.active)
     return res
-
-@checkpoint_summary('repro_cb')
-def _repro_summary(state:dict) -> dict:
-    "What `checkpoint_info` shows of a `ReproCB` state"
-    pos, prov = state['position'], state['provenance']
-    return dict(seed=state['seed'], fit_idx=pos['fit'], n_epoch=pos['n_epoch'], start_epoch=pos['epoch'],
-                batch=pos['batch'], iteration=pos['train_iter'], env=prov['env'], git=unpack_git(prov['git']),
-                entry=unpack_entry(prov['entry']), device=prov['device'], world_size=state['world_size'],
-                trackers=state['trackers'])
-
-# %% ../nbs/03_callback.ipynb #e7ca0cb8
-_V1_TRACE_KEYS = {'fp_names': 'param_names', 'fp_rows': 'norm_rows', 'fp': 'norms'}  # format 1's names of the norms
-
-@checkpoint_upgrade('repro_cb', 1)
-def _repro_from_v1(d:dict, learn:Learner|None) -> tuple:
-    "A format-1 `ReproCB` state in format 2, and notes on what a resume of it lacks"
-    meta, nxt = d['meta'], d['epoch'] + 1  # format 1 stored the last epoch done (-1: none), format 2 the next to run
-    env = dict(meta['env'], switches={**meta['env']['switches'], **meta['switches']}, num_threads=meta['num_threads'])
-    pos = dict(fit=d['fit_idx'], n_epoch=d['n_epoch'], epoch=nxt, batch=0, train_iter=d['train_iter'])
-    res = dict(seed=d['seed'], position=pos, grad_present=d['grad_present'], recorder=d['recorder'],
-               trace={_V1_TRACE_KEYS.get(k, k): v for k, v in d['trace'].items()},
-               provenance=dict(env=env, git=meta['git'], device=meta['device']), ledger_run=None, fastai_callbacks={},
-               world_size=1)  # format 1 ran in one process
-    orders = [o.get('order') for o in d['rng'].get('loaders', [])]
-    if any(o is not None for o in orders): res['loader_orders'] = orders
-    notes = []
-    if d['mid_epoch']:
-        notes.append(f"format 1 holds no state to resume inside epoch {nxt}, where it was written: the resume restarts "
-                     "that epoch at its first batch, from the weights of its middle, so it is not bit-identical.")
-    cbs = learn.cbs if learn is not None else []  # `checkpoint_info` reads without a learner
-    kept = [cb.name for cb in cbs if isinstance(cb, (TrackerCallback, GradientAccumulation))]
-    if kept: notes.append(f"format 1 holds no state of {kept}: they restart (best value, patience, lowered rates, "
-                          "accumulated gradients), so the resume is not bit-identical.")
-    return res, notes
-
-@checkpoint_upgrade('repro_cb', 2)
-def _repro_from_v2(d:dict, learn:Learner|None) -> tuple:
-    "A format-2 `ReproCB` state in format 3, and notes on what a resume of it lacks"
-    if 'inside' not in d: return d, []
-    return {**d, 'inside': {**d['inside'], 'pass': None, 'hypers': None}}, [
-        f"format 2 did not record the interrupted pass (its order and length), so the resume inside epoch "
-        f"{d['position']['epoch']} checks only that the loader starts at batch {d['position']['batch']}; nor the "
-        "optimizer's hyper-parameters at that batch, which the next batch's schedule sets (a checkpoint written "
-        "after the epoch's last batch keeps the fit's first rate until the next epoch)."]
-
-@checkpoint_upgrade('repro_cb', 3)
-def _repro_from_v3(d:dict, learn:Learner|None) -> tuple:
-    ("A format-3 `ReproCB` state in format 4: no entry point and no tracker runs were recorded (a resume does not "
-     "read the entry; a fit resumed from it starts its trackers' runs anew)")
-    return {**d, 'provenance': {**d['provenance'], 'entry': None}, 'trackers': None}, []
 
 @patch(as_prop=True)
 def repro_trace(self:Learner) -> pd.DataFrame:

@@ -6,13 +6,16 @@ Docs: https://fastrepro.github.io/fastrepro/checkpoint.html.md"""
 
 # %% ../nbs/02_checkpoint.ipynb #95a33e88
 from __future__ import annotations
-import os, sys, shutil, ctypes, importlib, pickle, zipfile, tempfile, warnings, functools
+import os, sys, shutil, ctypes, pickle, zipfile, tempfile, warnings, functools
 import errno as errno_module
 from fastai.basics import *
 from fastai.text.learner import TextLearner, clean_raw_keys
+from fastai.callback.tracker import TrackerCallback
+from fastai.callback.training import GradientAccumulation
 from .core import *
 from .distrib import distributed, gather
 from .data import data_signature
+from .provenance import unpack_git, unpack_entry
 
 # %% auto #0
 __all__ = ['STATE_KEY', 'FORMAT_VERSION', 'TMP_PREFIX', 'DURABLE', 'CheckpointError', 'ResumeError', 'atomic_torch_save',
@@ -271,14 +274,6 @@ for _cls, _clean in ((Learner, noop), (TextLearner, clean_raw_keys)):
 
 # %% ../nbs/02_checkpoint.ipynb #4db791d2
 _summaries = {}  # callback name -> function(state) -> what `checkpoint_info` shows of that callback's state
-# fastrepro's own callbacks register their summaries (and upgrades) where they are defined; imported when needed
-_OWN_MODULES = {'repro_cb': 'fastrepro.callback', 'mixed_precision': 'fastrepro.fp16',
-                'checkpoint_cb': 'fastrepro.preempt'}
-
-def _import_own(name:str):
-    "Import the module of fastrepro's own callback `name`, unless it registered (its summary, its upgrades) already"
-    if name not in _summaries and name in _OWN_MODULES: importlib.import_module(_OWN_MODULES[name])
-
 def checkpoint_summary(name:str, # the callback's `name`, under which its state is stored
                       ):
     "Decorator registering `f(state) -> dict` as what `checkpoint_info` shows of callback `name`'s state"
@@ -294,7 +289,6 @@ def checkpoint_info(path) -> dict:
     extra, res['upgrade_notes'] = upgrade_state(extra, path)
     res['callbacks'] = sorted(extra['callbacks'])
     for name, state in extra['callbacks'].items():
-        _import_own(name)
         if name in _summaries: res.update(_summaries[name](state))
     return res
 
@@ -320,7 +314,6 @@ def upgrade_state(extra:dict, # fastrepro's part of a checkpoint (`split_state`)
     while extra['format'] < FORMAT_VERSION:
         version, extra, cbs = extra['format'], _FORMAT_UPGRADES[extra['format']](extra), {}
         for name, state in extra['callbacks'].items():
-            _import_own(name)
             up = _upgrades.get((name, version))
             cbs[name], more = up(state, learn) if up else (state, [])
             notes += more
@@ -339,3 +332,69 @@ def _same_layout(extra:dict) -> dict:
 
 # format -> function(state) -> the next format's
 _FORMAT_UPGRADES = {1: _from_v1, 2: _same_layout, 3: _same_layout, 4: _same_layout}
+
+# %% ../nbs/02_checkpoint.ipynb #22cd4185
+@checkpoint_summary('repro_cb')
+def _repro_summary(state:dict) -> dict:
+    "What `checkpoint_info` shows of a `ReproCB` state"
+    pos, prov = state['position'], state['provenance']
+    return dict(seed=state['seed'], fit_idx=pos['fit'], n_epoch=pos['n_epoch'], start_epoch=pos['epoch'],
+                batch=pos['batch'], iteration=pos['train_iter'], env=prov['env'], git=unpack_git(prov['git']),
+                entry=unpack_entry(prov['entry']), device=prov['device'], world_size=state['world_size'],
+                trackers=state['trackers'])
+
+_V1_TRACE_KEYS = {'fp_names': 'param_names', 'fp_rows': 'norm_rows', 'fp': 'norms'}  # format 1's names of the norms
+
+@checkpoint_upgrade('repro_cb', 1)
+def _repro_from_v1(d:dict, learn:Learner|None) -> tuple:
+    "A format-1 `ReproCB` state in format 2, and notes on what a resume of it lacks"
+    meta, nxt = d['meta'], d['epoch'] + 1  # format 1 stored the last epoch done (-1: none), format 2 the next to run
+    env = dict(meta['env'], switches={**meta['env']['switches'], **meta['switches']}, num_threads=meta['num_threads'])
+    pos = dict(fit=d['fit_idx'], n_epoch=d['n_epoch'], epoch=nxt, batch=0, train_iter=d['train_iter'])
+    res = dict(seed=d['seed'], position=pos, grad_present=d['grad_present'], recorder=d['recorder'],
+               trace={_V1_TRACE_KEYS.get(k, k): v for k, v in d['trace'].items()},
+               provenance=dict(env=env, git=meta['git'], device=meta['device']), ledger_run=None, fastai_callbacks={},
+               world_size=1)  # format 1 ran in one process
+    orders = [o.get('order') for o in d['rng'].get('loaders', [])]
+    if any(o is not None for o in orders): res['loader_orders'] = orders
+    notes = []
+    if d['mid_epoch']:
+        notes.append(f"format 1 holds no state to resume inside epoch {nxt}, where it was written: the resume restarts "
+                     "that epoch at its first batch, from the weights of its middle, so it is not bit-identical.")
+    cbs = learn.cbs if learn is not None else []  # `checkpoint_info` reads without a learner
+    kept = [cb.name for cb in cbs if isinstance(cb, (TrackerCallback, GradientAccumulation))]
+    if kept: notes.append(f"format 1 holds no state of {kept}: they restart (best value, patience, lowered rates, "
+                          "accumulated gradients), so the resume is not bit-identical.")
+    return res, notes
+
+@checkpoint_upgrade('repro_cb', 2)
+def _repro_from_v2(d:dict, learn:Learner|None) -> tuple:
+    "A format-2 `ReproCB` state in format 3, and notes on what a resume of it lacks"
+    if 'inside' not in d: return d, []
+    return {**d, 'inside': {**d['inside'], 'pass': None, 'hypers': None}}, [
+        f"format 2 did not record the interrupted pass (its order and length), so the resume inside epoch "
+        f"{d['position']['epoch']} checks only that the loader starts at batch {d['position']['batch']}; nor the "
+        "optimizer's hyper-parameters at that batch, which the next batch's schedule sets (a checkpoint written "
+        "after the epoch's last batch keeps the fit's first rate until the next epoch)."]
+
+@checkpoint_upgrade('repro_cb', 3)
+def _repro_from_v3(d:dict, learn:Learner|None) -> tuple:
+    ("A format-3 `ReproCB` state in format 4: no entry point and no tracker runs were recorded (a resume does not "
+     "read the entry; a fit resumed from it starts its trackers' runs anew)")
+    return {**d, 'provenance': {**d['provenance'], 'entry': None}, 'trackers': None}, []
+
+# %% ../nbs/02_checkpoint.ipynb #ee4082da
+@checkpoint_summary('mixed_precision')
+def _loss_scale_summary(state:dict) -> dict:
+    "What `checkpoint_info` shows of a `ReproMixedPrecision` state: the mode and the loss scale a resume continues from"
+    return {'amp_mode': state['amp_mode'], 'loss_scale': state['scaler'].get('scale') if state['scaler'] else None}
+
+@checkpoint_upgrade('mixed_precision', 1)
+def _loss_scale_from_v1(d:dict, learn:Learner|None) -> tuple:
+    "A format-1 `ReproMixedPrecision` state in format 2 (nothing a resume reads is missing)"
+    return dict(amp_mode=d['amp_mode'], scaler=d['scaler'], n_fits=d['n_fits'], iter=d['epoch_end_iter'],
+                epoch_end_iter=d['epoch_end_iter'], history=d['history']), []
+
+# %% ../nbs/02_checkpoint.ipynb #068b6857
+@checkpoint_summary('checkpoint_cb')
+def _checkpoint_cb_summary(state:dict) -> dict: return {'fit_number': state['fit_number']}

@@ -13,7 +13,6 @@ from fastai.basics import *
 from fastai.callback.fp16 import MixedPrecision, AMPMode
 from torch.amp import autocast, GradScaler
 from .core import *
-from .checkpoint import checkpoint_summary, checkpoint_upgrade
 
 # %% auto #0
 __all__ = ['ONEDNN_FP16_UNSUPPORTED', 'SYNC_EVERY', 'HISTORY_SCHEMA', 'HISTORY_COLUMNS', 'amp_device_type',
@@ -249,18 +248,6 @@ class ReproMixedPrecision(MixedPrecision):
                           f"{self.amp_mode.value}: its scaler starts afresh, so the run will not match the "
                           "uninterrupted one. Resume in the mode the checkpoint was written in.")
         elif st['scaler']: self.scaler.load_state_dict(st['scaler'])  # bf16's disabled scaler has an empty state
-
-@checkpoint_summary('mixed_precision')
-def _loss_scale_summary(state:dict) -> dict:
-    "What `checkpoint_info` shows of a `ReproMixedPrecision` state: the mode and the loss scale a resume continues from"
-    return {'amp_mode': state['amp_mode'], 'loss_scale': state['scaler'].get('scale') if state['scaler'] else None}
-
-# %% ../nbs/06_fp16.ipynb #ee4082da
-@checkpoint_upgrade('mixed_precision', 1)
-def _loss_scale_from_v1(d:dict, learn:Learner|None) -> tuple:
-    "A format-1 `ReproMixedPrecision` state in format 2 (nothing a resume reads is missing)"
-    return dict(amp_mode=d['amp_mode'], scaler=d['scaler'], n_fits=d['n_fits'], iter=d['epoch_end_iter'],
-                epoch_end_iter=d['epoch_end_iter'], history=d['history']), []
 
 # %% ../nbs/06_fp16.ipynb #05b6b71e
 @patch

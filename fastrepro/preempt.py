@@ -10,7 +10,7 @@ import os, sys, json, time, shutil, signal, itertools, threading, warnings
 from fastai.basics import *
 from .core import *
 from .distrib import any_rank
-from .checkpoint import checkpoint_info, checkpoint_summary, ResumeError, TMP_PREFIX, CheckpointWriteError
+from .checkpoint import checkpoint_info, ResumeError, TMP_PREFIX, CheckpointWriteError
 from .checkpoint import read_checkpoint, split_state
 from .trace import state_digest
 from .callback import ReproCB, show_loaded_fit
@@ -295,6 +295,3 @@ class CheckpointCB(Callback):
         self.active = False
         for s, h in self._handlers.items(): signal.signal(s, h)
         self._handlers = {}
-
-@checkpoint_summary('checkpoint_cb')
-def _checkpoint_cb_summary(state:dict) -> dict: return {'fit_number': state['fit_number']}

@@ -33,11 +33,24 @@ def _resolve(name:str, node:ast.ImportFrom|ast.Import, mods:dict) -> set:
     return {t for t in targets if t in mods and t != name and not name.startswith(f'{t}.')}
 
 
+def _imported_by_name(name:str, node:ast.Call, mods:dict) -> set:
+    ("The library module a call `importlib.import_module('fastrepro....')` (or `import_module(...)`) names with a "
+     "literal: an import as any other")
+    f, args = node.func, node.args
+    called = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+    if called != 'import_module' or not args or not isinstance(args[0], ast.Constant): return set()
+    target = args[0].value
+    return {target} if target in mods and target != name and not name.startswith(f'{target}.') else set()
+
+
 def imports() -> dict:
-    "Module -> the library modules it imports anywhere in its file (functions included)"
+    ("Module -> the library modules it imports anywhere in its file (functions included), by statement or by "
+     "`import_module` with a literal name")
     mods = modules()
-    return {m: set().union(*(_resolve(m, n, mods) for n in ast.walk(ast.parse(p.read_text()))
-                             if isinstance(n, (ast.Import, ast.ImportFrom))))
+    def _arrows(m, n):
+        if isinstance(n, (ast.Import, ast.ImportFrom)): return _resolve(m, n, mods)
+        return _imported_by_name(m, n, mods) if isinstance(n, ast.Call) else set()
+    return {m: set().union(*(_arrows(m, n) for n in ast.walk(ast.parse(p.read_text()))))
             for m, p in mods.items() if m not in GENERATED}
 
 
