@@ -49,7 +49,7 @@ def _threads_taken(asked:tuple) -> int:
 
 def _threads(env:dict) -> int:
     ("The thread count torch takes in a process started with `env`: `MKL_NUM_THREADS`, else `OMP_NUM_THREADS`, "
-     "else one per core, and never more than the CPUs (asked by a process that starts torch, where it is not 1)")
+     "else one per core, or fewer where the OpenMP runtime caps them (asked of a process that starts torch, unless 1)")
     asked = {k: env[k] for k in THREAD_VARS if k in env}
     n = asked.get('MKL_NUM_THREADS', asked.get('OMP_NUM_THREADS'))
     return 1 if n == '1' else _threads_taken(tuple(asked.items()))

@@ -13,8 +13,8 @@ HANG_S = hang_limit(60)  # stops a hang: the selftest takes about 40 s on 2 quie
 
 UNDO_PATCH = '''
 from fastai.data.load import DataLoader
-import fastrepro.data
-DataLoader.{0} = fastrepro.data._fastai['{0}']  # fastai's own method, in every process the selftest starts
+import fastrepro.data, fastrepro.passes  # the import guard's probe runs first, on fastrepro's patches: the selftest's
+DataLoader.{0} = fastrepro.data._fastai['{0}']  # own checks must find the undone one (fastai's method, everywhere)
 '''
 # what each undone patch breaks: fastai's `__iter__` serves a resumed pass whole (and the guard's probe sees it);
 # fastai's `create_batches` makes items without their streams, so a worker's draws are not the main process's
