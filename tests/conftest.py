@@ -30,6 +30,23 @@ STARTED_ENV = dict(os.environ)  # the environment pytest was started in, before 
 for k, v in DETERMINISTIC_ENV.items(): os.environ.setdefault(k, v)
 
 
+# pytest-xdist (`--dist loadfile`) starts the test files in this order, the longest first (measured with --durations on
+# 2 cores), so that no worker is left alone with a long file at the end; by default it starts the files with the most
+# tests first, whatever they take. The others follow in their own order.
+LONGEST_FIRST = ('test_notebooks.py', 'test_preempt.py', 'test_distrib.py', 'test_provenance_runs.py',
+                 'test_selftest.py', 'test_fastai_habits.py', 'test_demo_cli.py', 'test_resume.py', 'test_reproduce.py',
+                 'test_trackers.py', 'test_loader_resume.py', 'test_sweep_dask.py', 'test_bench_smoke.py')
+
+
+def pytest_configure(config):
+    if hasattr(config.option, 'loadscopereorder'): config.option.loadscopereorder = False  # keep the order below
+
+
+def pytest_collection_modifyitems(config, items):
+    first = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: first.get(item.path.name, len(first)))  # a stable sort: a file's tests stay in order
+
+
 @pytest.fixture(scope='session')
 def fastai_home(tmp_path_factory):
     "A FASTAI_HOME holding the IMDB sample (from $FASTAI_HOME if it has one, else from ../shared)"
