@@ -64,5 +64,5 @@ def launch(argv:list|None=None):
     if print_env and not target: return print(export_lines(threads))
     os.execvpe(sys.executable, [sys.executable, *target], {**os.environ, **portable_env(threads)})
 
-#| eval: false
+# %% ../nbs/01a_portable.ipynb #e8b0723d
 if __name__ == '__main__': launch()  # `python -m fastrepro.portable ...`
