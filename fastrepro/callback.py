@@ -12,9 +12,9 @@ from .core import *
 from .rng import derive_seed, seed_global, rng_states, torch_seeded
 from .kernels import FitSwitches
 from .checkpoint import *
-from .resume import Position, ResumePlan, inside_state, inside_problem
+from .resume import Position, ResumePlan, inside_state
 from .fastai_state import recorder_state, set_recorder_state, grad_presence, fastai_callback_states
-from .data import make_deterministic, undo_deterministic, set_epoch, loader_orders, data_fingerprint
+from .data import make_deterministic, undo_deterministic, set_epoch, loader_orders
 from .distrib import world_size
 from .audit import audit_fit, audit_resume, Findings
 from .trace import Trace, TRACE_EVERY, INITIAL_WEIGHTS, state_digest
