@@ -30,21 +30,16 @@ class NondeterminismWarning(UserWarning):
 _RNN_TYPES = (nn.LSTM, nn.GRU, nn.RNN)
 CUDNN_DEVICE = 'cuda'  # the device type on which torch runs multi-layer RNNs (and their dropout) through cuDNN
 
-def _has_rnn_dropout(m:nn.Module) -> bool:
-    "Is `m` a multi-layer RNN with dropout between its layers, i.e. cuDNN's built-in RNN dropout on CUDA?"
-    return isinstance(m, _RNN_TYPES) and m.num_layers > 1 and m.dropout > 0
-
 def _rnn_dropout_modules(model:nn.Module, remove_duplicate:bool=True) -> list:
-    "The `(qualified name, module)` pairs of `model` that use cuDNN's built-in RNN dropout"
-    return [(n, m) for n, m in model.named_modules(remove_duplicate=remove_duplicate) if _has_rnn_dropout(m)]
+    ("The `(qualified name, module)` pairs of `model` that are multi-layer RNNs with dropout between their layers, "
+     "i.e. use cuDNN's built-in RNN dropout on CUDA")
+    return [(n, m) for n, m in model.named_modules(remove_duplicate=remove_duplicate)
+            if isinstance(m, _RNN_TYPES) and m.num_layers > 1 and m.dropout > 0]
 
 def _device_type(model:nn.Module, device=None) -> str:
     "The type of `device` ('cpu', 'cuda', ...); with None, of the device `model`'s parameters are on"
     if device is None: device = next((p.device for p in model.parameters()), 'cpu')
     return torch.device(device).type
-
-def _describe_rnn(name:str, m:nn.Module) -> str:
-    return f"`{name or '(the model itself)'}` ({type(m).__name__}, num_layers={m.num_layers}, dropout={m.dropout})"
 
 # %% ../nbs/08_audit.ipynb #af30eb25
 _RNN_DROPOUT_WHY = ("On CUDA, cuDNN draws that dropout from a random state it creates once and caches: "
@@ -60,7 +55,8 @@ def audit_model(model:nn.Module, # the model to audit
                ) -> list[str]:
     ("Find cuDNN's built-in RNN dropout in `model`: an error on CUDA unless allowed, a warning elsewhere; "
      "returns the findings")
-    modules = [_describe_rnn(n, m) for n, m in _rnn_dropout_modules(model)]
+    modules = [f"`{n or '(the model itself)'}` ({type(m).__name__}, num_layers={m.num_layers}, dropout={m.dropout})"
+               for n, m in _rnn_dropout_modules(model)]
     if not modules: return []
     on_cuda = _device_type(model, device_type) == CUDNN_DEVICE
     where = ("" if on_cuda else "On this device the dropout draws from torch's generator, but the same model trained "
@@ -127,20 +123,15 @@ class StackedRNN(Module):
             if new != k: state_dict[new] = state_dict.pop(k)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-def _layer_options(rnn:nn.Module) -> tuple:
-    "The class and the type-specific constructor options of `rnn`'s layers"
-    cls = next(c for c in _RNN_TYPES if isinstance(rnn, c))
-    extra = (dict(proj_size=rnn.proj_size) if cls is nn.LSTM else dict(nonlinearity=rnn.nonlinearity) if cls is nn.RNN
-             else {})
-    return cls, extra
-
 def split_rnn_dropout(rnn:nn.Module, # a multi-layer `nn.LSTM`, `nn.GRU` or `nn.RNN`
                      ) -> StackedRNN:
     "Rebuild `rnn` as stacked single-layer RNNs with explicit `nn.Dropout` between them, sharing its parameters"
     if not isinstance(rnn, _RNN_TYPES):
         raise TypeError(f"`split_rnn_dropout` rebuilds `nn.LSTM`, `nn.GRU` and `nn.RNN` modules, "
                         f"not {type(rnn).__name__}.")
-    cls, extra = _layer_options(rnn)
+    cls = next(c for c in _RNN_TYPES if isinstance(rnn, c))  # and its type-specific options
+    extra = (dict(proj_size=rnn.proj_size) if cls is nn.LSTM else dict(nonlinearity=rnn.nonlinearity) if cls is nn.RNN
+             else {})
     out_size = (2 if rnn.bidirectional else 1) * (rnn.proj_size or rnn.hidden_size)
     layers = []
     for i in range(rnn.num_layers):

@@ -35,15 +35,13 @@ def stateful_cbs(learn:Learner) -> L:
 # notebook in the same process) does not wrap the wrapper, which would plan every fit twice
 _fastai_fit = getattr(Learner, '_orig_fit', Learner.fit)
 
-def _finding_lr(learn:Learner, extra:L) -> bool: return any(isinstance(cb, LRFinder) for cb in L(learn.cbs) + extra)
-
 @patch
 @delegates(_fastai_fit)
 def fit(self:Learner, n_epoch, lr=None, wd=None, cbs=None, reset_opt=False, start_epoch=0):
     ("fastai's `Learner.fit`; attached callbacks may plan it (`plan_fit`) and are told when it raises "
      "(`after_fit_exception`)")
     extra = L(cbs)
-    if not _finding_lr(self, extra):
+    if not any(isinstance(cb, LRFinder) for cb in L(self.cbs) + extra):
         for cb in self.cbs.filter(lambda o: callable(getattr(type(o), 'plan_fit', None))):
             start_epoch = cb.plan_fit(n_epoch, start_epoch)
             if start_epoch is None: return  # completed by an earlier run of the script: its end state is loaded

@@ -107,9 +107,7 @@ class DataStreams:
         "What a worker process gets: the streams, not the pass served in the main process (its order may be long)"
         return {**self.__dict__, 'served': None}
 
-    def __repr__(self):
-        return (f"DataStreams(seed={self.seed}, epoch={self.epoch}, per_item={self.per_item}, dl_idx={self.dl_idx}, "
-                f"steps_draw={self.steps_draw}, rank={self.rank})")
+    __repr__ = basic_repr('seed,epoch,per_item,dl_idx,steps_draw,rank')
 
 # %% ../nbs/05_data.ipynb #e1584ea1
 def _seed_cpu(seed:int):
@@ -298,8 +296,7 @@ def items_draw(dl) -> bool:
     ("Can `dl`'s items draw random numbers? False only for fastai's text loaders without a `RandTransform` per item, "
      "and its tabular loaders, which make no items (a batch is rows of the table)")
     from fastai.vision.augment import RandTransform
-    if not _as_shipped(dl): return True
-    return any(isinstance(f, RandTransform) for f in _tfms(dl, ('after_item',)))
+    return not _as_shipped(dl) or any(isinstance(f, RandTransform) for f in _tfms(dl, ('after_item',)))
 
 def _drawless_tfms() -> tuple:
     ("fastai's transforms whose `encodes` draw no random numbers "
@@ -314,9 +311,7 @@ def _drawless_tfms() -> tuple:
 def steps_draw(dl) -> bool:
     ("Can a step of `dl` (making a batch, `after_batch`) draw random numbers? "
      "False only for fastai's text and tabular loaders made of `_drawless_tfms`")
-    if not _as_shipped(dl): return True
-    drawless = _drawless_tfms()
-    return not all(type(f) in drawless for f in _tfms(dl))
+    return not _as_shipped(dl) or any(type(f) not in _drawless_tfms() for f in _tfms(dl))
 
 def make_deterministic(dls, # a `DataLoaders`, one `DataLoader`, or a list of them
                        seed:int, # the run seed

@@ -53,20 +53,17 @@ def any_rank(*flags:bool) -> list:
 _fastai_ddl = {} if DistributedDL is None else {n: vars(DistributedDL).get('_orig_'+n, vars(DistributedDL)[n])
                                                  for n in ('_broadcast', 'create_batches')}
 
-def _inner_streams(dl):
-    return data_streams(dl.dl)
-
 if DistributedDL is not None:
     # a rank's share of a resumed pass starts where the pass starts: fastai's `__iter__` serves the share that
     # `DistributedDL.get_idxs` cuts, and `fastrepro.data` cuts the batches done from what it serves
     @patch
     def _broadcast(self:DistributedDL, t, rank):
         "fastai's broadcast of rank 0's order (a CUDA tensor); not needed when every rank draws it from the streams"
-        return t if _inner_streams(self) is not None else _fastai_ddl['_broadcast'](self, t, rank)
+        return t if data_streams(self.dl) is not None else _fastai_ddl['_broadcast'](self, t, rank)
 
     @patch
     def create_batches(self:DistributedDL, samps):
         "fastai's, the batches made by the wrapped loader, which also learns which worker makes them"
         # fastai sets `offs` on this loader in each worker
-        if _inner_streams(self) is not None: self.dl.offs = self.offs
+        if data_streams(self.dl) is not None: self.dl.offs = self.offs
         return _fastai_ddl['create_batches'](self, samps)

@@ -68,8 +68,7 @@ def set_mkl_reproducible():
 def set_mkl_cbwr(mode:str) -> bool:
     "Switch MKL's CNR to `mode` ('AUTO', 'COMPATIBLE'); False (and a warning, once) when MKL has run already"
     if torch_mkl() is None or mkl_cbwr() == mode: return True
-    code = {v: k for k, v in MKL_CBWR_BRANCHES.items()}[mode]
-    rc = torch_mkl().mkl_serv_cbwr_set(code)
+    rc = torch_mkl().mkl_serv_cbwr_set({v: k for k, v in MKL_CBWR_BRANCHES.items()}[mode])
     if rc == 0: return True
     if rc != MKL_CBWR_CHANGE_FAILED:
         raise ValueError(f"MKL refused MKL_CBWR={mode} (error {rc}): use 'AUTO' or 'COMPATIBLE'.")
@@ -148,8 +147,7 @@ def portable_problems(threads:int|None=None, # the portable thread count (defaul
                      ) -> dict:
     "What is not pinned to portable kernels in this process, as {what: why}; empty when everything is"
     threads, res = threads or portable_threads(), {}
-    cap = aten_capability()
-    if cap != 'DEFAULT':
+    if (cap := aten_capability()) != 'DEFAULT':
         res['ATEN_CPU_CAPABILITY'] = f"torch runs its {cap} kernels: ATEN_CPU_CAPABILITY=default came too late"
     if torch_mkl() is not None and mkl_cbwr() != 'COMPATIBLE':
         res['MKL_CBWR'] = f"MKL runs its {mkl_cbwr()} code path: MKL_CBWR=COMPATIBLE was not set before its first call"
@@ -190,8 +188,7 @@ def same_kernels_env() -> dict:
     set_mkl_reproducible()  # CNR `AUTO` here too, unless MKL ran already or the environment chose a mode
     # torch's instruction set: this process's (chosen now if no kernel ran yet)
     env = {'ATEN_CPU_CAPABILITY': aten_capability().lower()}
-    mode = mkl_cbwr()
-    if mode is not None: env['MKL_CBWR'] = '' if mode == 'OFF' else mode
+    if (mode := mkl_cbwr()) is not None: env['MKL_CBWR'] = '' if mode == 'OFF' else mode
     return env
 
 # the CPU flags torch's own choice of its kernels checks (through cpuinfo); a variable that names them is not checked

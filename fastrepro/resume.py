@@ -6,7 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/resume.html.md"""
 
 # %% ../nbs/02a_resume.ipynb #caeccdf6
 from __future__ import annotations
-import sys, warnings
+import sys, warnings, itertools, traceback
 from dataclasses import dataclass, asdict
 import numpy as np
 from fastai.basics import *
@@ -56,13 +56,10 @@ def inside_problem(learn, # the learner, inside an epoch of its fit
 # %% ../nbs/02a_resume.ipynb #0d10baa6
 def _dropped_start_epoch(max_depth:int=30):
     "The caller that got a `start_epoch>0` and did not pass it on to `Learner.fit` (fastai's `fit_flat_cos` does this)"
-    f = sys._getframe(1)
-    for _ in range(max_depth):
-        if f is None: return None
+    for f, _ in itertools.islice(traceback.walk_stack(sys._getframe(1)), max_depth):
         v = f.f_locals.get('start_epoch')
-        if isinstance(v, int) and v > 0 and 'self' in f.f_locals and isinstance(f.f_locals['self'], Learner):
+        if isinstance(v, int) and v > 0 and isinstance(f.f_locals.get('self'), Learner):
             return f.f_code.co_name, v
-        f = f.f_back
 
 def _check_continues(state:dict, start:int, n_epoch:int, deterministic_data:bool, allow_world_size_change:bool):
     "Refuse a fit that would not continue the checkpoint `state` where it stopped"

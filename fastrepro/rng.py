@@ -61,21 +61,6 @@ def _pack_u32(words) -> Tensor:
 
 def _unpack_u32(t:Tensor) -> np.ndarray: return t.numpy().view(np.uint32)
 
-def _py_state(r=random) -> dict:
-    version, internal, gauss_next = r.getstate()
-    return {'version': version, 'state': _pack_u32(internal), 'gauss_next': gauss_next}
-
-def _set_py_state(d:dict, r=random):
-    r.setstate((d['version'], tuple(_unpack_u32(d['state']).tolist()), d['gauss_next']))
-
-def _np_state() -> dict:
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {'kind': kind, 'keys': _pack_u32(keys), 'pos': int(pos), 'has_gauss': int(has_gauss),
-            'cached_gaussian': float(cached)}
-
-def _set_np_state(d:dict):
-    np.random.set_state((d['kind'], _unpack_u32(d['keys']), d['pos'], d['has_gauss'], d['cached_gaussian']))
-
 # torch's CPU generator state: a header (initial seed, `left`, `seeded`, `next`), the 624 Mersenne-Twister words each
 # in a uint64 whose high half is zero, then the cached normal samples
 _TORCH_MT_START, _MT_WORDS = 24, 624
@@ -99,15 +84,21 @@ def _set_torch_state(st, gen=torch.default_generator):
 
 def rng_states() -> dict:
     "Every global generator state: Python, NumPy, torch CPU and every CUDA device"
-    res = {'python': _py_state(), 'numpy': _np_state(), 'torch': _torch_state()}
+    version, internal, gauss_next = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    res = {'python': {'version': version, 'state': _pack_u32(internal), 'gauss_next': gauss_next},
+           'numpy': {'kind': kind, 'keys': _pack_u32(keys), 'pos': int(pos), 'has_gauss': int(has_gauss),
+                     'cached_gaussian': float(cached)},
+           'torch': _torch_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized(): res['cuda'] = torch.cuda.get_rng_state_all()
     return res
 
 def restore_rng_states(states:dict, # from `rng_states`, possibly through `torch.save`/`torch.load(weights_only=True)`
                       ):
     "Restore every generator state captured by `rng_states`"
-    _set_py_state(states['python'])
-    _set_np_state(states['numpy'])
+    py, npy = states['python'], states['numpy']
+    random.setstate((py['version'], tuple(_unpack_u32(py['state']).tolist()), py['gauss_next']))
+    np.random.set_state((npy['kind'], _unpack_u32(npy['keys']), npy['pos'], npy['has_gauss'], npy['cached_gaussian']))
     _set_torch_state(states['torch'])
     if 'cuda' in states:
         if not torch.cuda.is_available() or torch.cuda.device_count() != len(states['cuda']):
