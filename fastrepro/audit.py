@@ -151,10 +151,9 @@ def fix_rnn_dropout(model:nn.Module, # the model whose multi-layer RNNs with dro
     if any(name == '' for name, _ in found):
         raise ValueError("The model is itself a multi-layer RNN and cannot be replaced in place: use "
                          "`model = split_rnn_dropout(model)`.")
-    rebuilt = {}
+    rebuilt = {id(m): split_rnn_dropout(m) for _, m in _rnn_dropout_modules(model)}  # a shared module: rebuilt once
     for name, m in found:
         parent, _, attr = name.rpartition('.')
-        if id(m) not in rebuilt: rebuilt[id(m)] = split_rnn_dropout(m)
         setattr(model.get_submodule(parent), attr, rebuilt[id(m)])
     return [name for name, _ in found]
 
