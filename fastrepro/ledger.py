@@ -305,8 +305,7 @@ class Ledger:
         if vals.isna().any():
             warnings.warn(f"{vals.isna().sum()} {name} run(s) ({list(vals.index[vals.isna()])}) lack the {which} "
                           f"metric {metric!r} and are left out.", ComparisonWarning, stacklevel=3)
-        keep = vals.notna()
-        return runs[keep], vals[keep]
+        return runs[vals.notna()], vals.dropna()
 
     def compare(self, metric:str, # the metric to compare, e.g. 'accuracy'
                 baseline:dict, # selects the baseline runs, e.g. dict(experiment='imdb', variant='baseline')
