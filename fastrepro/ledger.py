@@ -23,6 +23,7 @@ __all__ = ['metrics_frame', 'metric_column', 'Ledger']
 _FILTERABLE = ('id',) + tuple(f for f in FIELDS if f not in JSON_FIELDS)
 
 def _quote(c:str) -> str: return f'"{c}"'  # a column name, quoted: `commit` is an SQL keyword
+def _insert(cols): return f"INSERT INTO runs ({', '.join(map(_quote, cols))}) VALUES ({', '.join('?'*len(cols))})"
 
 def _where(filters:dict) -> tuple:
     "SQL WHERE clause and parameters for equality `filters`"
@@ -41,12 +42,9 @@ def _frame(cols:list, rows:list) -> pd.DataFrame:
     "Decode the rows of a `runs` query; values stay as stored until decoded here"
     df = pd.DataFrame({c: pd.Series([r[i] for r in rows], dtype=object) for i,c in enumerate(cols)}).set_index('id')
     df.index = df.index.astype(int)
-    df['duration'] = df['duration'].astype(float)
     for c in JSON_FIELDS + VALUE_FIELDS: df[c] = df[c].map(lambda s: None if s is None else json.loads(s))
     for c in TIME_FIELDS: df[c] = pd.to_datetime(df[c], utc=True, format='ISO8601')
-    df['dirty'] = df['dirty'].astype('boolean')
-    df['seed'] = df['seed'].astype('Int64')
-    return df[list(FIELDS)]
+    return df.astype({'duration': float, 'dirty': 'boolean', 'seed': 'Int64'})[list(FIELDS)]
 
 # %% ../nbs/11_ledger.ipynb #3efb625f
 def metrics_frame(runs:pd.DataFrame, # a `Ledger.runs` result
@@ -81,29 +79,25 @@ def _same(field:str, b:pd.DataFrame, e:pd.DataFrame, names:tuple, why:str):
         raise LedgerError(f"Cannot compare: the {names[0]} runs have {field} {sorted(vb, key=str)} and the {names[1]} "
                           f"runs {sorted(ve, key=str)}. {why}")
 
-def _age(age) -> pd.Timedelta:
-    "`age` (a timedelta, a pandas string such as '30 days', or seconds) as a Timedelta"
-    return pd.Timedelta(seconds=age) if isinstance(age, (int, float)) else pd.Timedelta(age)
-
 def _check_env(b:pd.DataFrame, e:pd.DataFrame, names:tuple):
     "Warn when the two sides did not all run in one environment"
     hb, he = _distinct(b.env_hash), _distinct(e.env_hash)
     if len(hb | he) <= 1: return
     from fastrepro.environment import env_diff  # imports torch: only when the environments differ
     eb, ee = first(b.env, lambda o: o is not None) or {}, first(e.env, lambda o: o is not None) or {}
-    diff = env_diff(eb, ee)
-    what = ', '.join(f"{k}: {va!r} vs {vb!r}" for k,(va,vb) in diff.items()) or 'environments not recorded'
+    what = ', '.join(f"{k}: {va!r} vs {vb!r}" for k,(va,vb) in env_diff(eb, ee).items()) or 'environments not recorded'
     warnings.warn(f"The {names[0]} and {names[1]} runs ran in different environments ({what}). Differences may come "
                   f"from the environment, not the change: re-run the {names[0]} in the {names[1]}'s environment.",
                   ComparisonWarning, stacklevel=3)
 
 def _check_age(b:pd.DataFrame, e:pd.DataFrame, max_age, names:tuple):
     "Warn when the oldest baseline run started more than `max_age` before the newest experiment run"
-    if max_age is None: return
+    if max_age is None: return  # else a timedelta, a pandas string such as '30 days', or seconds
+    max_age = pd.Timedelta(seconds=max_age) if isinstance(max_age, (int, float)) else pd.Timedelta(max_age)
     gap = e.started.max() - b.started.min()
-    if gap > _age(max_age):
+    if gap > max_age:
         warnings.warn(f"The {names[0]} runs started up to {gap.round('1s')} before the {names[1]} runs (more than "
-                      f"max_baseline_age={_age(max_age)}): machines, drivers and packages drift. Re-run the "
+                      f"max_baseline_age={max_age}): machines, drivers and packages drift. Re-run the "
                       f"{names[0]}.", ComparisonWarning, stacklevel=3)
 
 def _check_seeds(runs:pd.DataFrame, name:str):
@@ -136,13 +130,9 @@ class Ledger:
     def _connect(self):
         "A fresh connection, closed on exit; the database's errors that a user must act on become `LedgerError`s"
         try:
-            con = self.db.connect()
-            try:
-                with self.db.bounded(con): yield con
-            finally: con.close()
+            with contextlib.closing(self.db.connect()) as con, self.db.bounded(con): yield con
         except Exception as e:
-            err = self.db.failure(e)
-            if err is None: raise
+            if (err := self.db.failure(e)) is None: raise
             raise err from None
 
     @contextlib.contextmanager
@@ -230,9 +220,7 @@ class Ledger:
         if not record.get('experiment'):
             raise LedgerError("A ledger record needs an `experiment`: runs are only comparable within one.")
         rec = {'status': 'completed', 'started': datetime.now(timezone.utc), **record}
-        cols = list(rec)
-        sql = f"INSERT INTO runs ({', '.join(map(_quote, cols))}) VALUES ({', '.join('?'*len(cols))}) RETURNING id"
-        rid = self._write(sql, [_encode(c, rec[c]) for c in cols])[1][0][0]
+        rid = self._write(_insert(rec) + ' RETURNING id', [_encode(c, v) for c, v in rec.items()])[1][0][0]
         self._send_spooled()
         return rid
 
@@ -266,9 +254,8 @@ class Ledger:
                               "RETURNING id", values + [run_key])[1]
         if updated: return updated[0][0]
         sets = ', '.join(f'{_quote(c)} = excluded.{_quote(c)}' for c in cols if c != 'run_key')
-        sql = (f"INSERT INTO runs ({', '.join(map(_quote, cols))}) VALUES ({', '.join('?'*len(cols))}) "
-               f"ON CONFLICT (run_key) DO UPDATE SET {sets} RETURNING id")  # two writers adding it at once: one run
-        return self._write(sql, values)[1][0][0]
+        # two writers adding it at once: one run
+        return self._write(_insert(cols) + f" ON CONFLICT (run_key) DO UPDATE SET {sets} RETURNING id", values)[1][0][0]
 
     def record(self, run_key:str) -> dict|None:
         "The fields of the run keyed `run_key`, as `put` takes them; None where the ledger holds no such run"
@@ -318,8 +305,7 @@ class Ledger:
         if vals.isna().any():
             warnings.warn(f"{vals.isna().sum()} {name} run(s) ({list(vals.index[vals.isna()])}) lack the {which} "
                           f"metric {metric!r} and are left out.", ComparisonWarning, stacklevel=3)
-        keep = vals.notna()
-        return runs[keep], vals[keep]
+        return runs[vals.notna()], vals.dropna()
 
     def compare(self, metric:str, # the metric to compare, e.g. 'accuracy'
                 baseline:dict, # selects the baseline runs, e.g. dict(experiment='imdb', variant='baseline')

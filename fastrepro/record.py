@@ -57,8 +57,7 @@ class FitRecord:
         if self.ledger is None or rank_distrib(): return  # one record per fit: rank 0's
         self.started, self.events, self._told = time.time(), [], False
         self.spool = Spool(Path(learn.path)/learn.model_dir/SPOOL_NAME)
-        prev = self._previous(resumed)
-        if prev is not None:
+        if (prev := self._previous(resumed)) is not None:
             self.run_id, self.fields = prev
             self.earlier = float(np.nan_to_num(self.fields.get('duration') or 0.))
             self.fields.update(status='running', notes=f"resumed at epoch {start_epoch}")
@@ -103,7 +102,7 @@ class FitRecord:
         if isinstance(resumed, str) and (spooled := self.spool.record(resumed)) is not None: return resumed, spooled
         try:
             ledger = self._ledger()
-            if isinstance(resumed, str): return (resumed, ledger.record(resumed)) if ledger.record(resumed) else None
+            if isinstance(resumed, str): return (resumed, rec) if (rec := ledger.record(resumed)) else None
             runs = ledger.runs(id=resumed)  # a format-3 checkpoint names the record by its id: give it a key
             if not len(runs): return None
             key = uuid.uuid4().hex

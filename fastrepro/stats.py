@@ -138,8 +138,7 @@ def compare(baseline, # metric values of the baseline runs, one per seed
     return CompareResult(n=(len(b), len(e)), means=(float(b.mean()), float(e.mean())),
                          sds=(float(b.std(ddof=1)), float(e.std(ddof=1))), mean_diff=mean_diff,
                          ci=(float(ci.low), float(ci.high)), t=float(res.statistic), df=float(res.df),
-                         p_value=float(res.pvalue),
-                         cohens_d=cohens_d(b, e), hedges_g=hedges_g(b, e),
+                         p_value=float(res.pvalue), cohens_d=cohens_d(b, e), hedges_g=hedges_g(b, e),
                          verdict=_verdict(mean_diff, res.pvalue, alpha, higher_is_better),
                          alpha=alpha, equal_var=equal_var, alternative=alternative, higher_is_better=higher_is_better,
                          metric=metric, names=tuple(names))
@@ -154,8 +153,7 @@ def seed_power(n:int, # seeds per arm
                alternative:str='two-sided', # 'two-sided' or one-sided as the effect ('greater'/'less'/'better'/'worse')
               ) -> float|np.ndarray:
     "Probability that a Student t-test with `n` seeds per arm detects a true difference `effect`"
-    if _ALTERNATIVES.get(alternative) is None:
-        raise ValueError(f"alternative={alternative!r} is not one of {list(_ALTERNATIVES)}")
+    _scipy_alternative(alternative, True)  # a ValueError where `alternative` is not one of `_ALTERNATIVES`
     n = np.asarray(n, dtype=float)
     dof, ncp = 2*n - 2, abs(effect)/sd * np.sqrt(n/2)
     if alternative == 'two-sided':
@@ -203,7 +201,7 @@ def _interaction(samples:list, alpha:float, equal_var:bool, higher_is_better:boo
     return dict(mean_diff=est, ci_low=est-h, ci_high=est+h, t=float(t), df=dof, p_value=p,
                 verdict=sig[_verdict(est, p, alpha, higher_is_better)])
 
-def _shadowed(verdicts:dict, names:tuple) -> list:
+def _shadowed(verdicts, names:tuple) -> list:
     "Names of the single changes that regress alone while their combination progresses"
     if verdicts[names[2]] != PROGRESSION: return []
     return [n for n in names[:2] if verdicts[n] == REGRESSION]
@@ -219,17 +217,16 @@ def ablation(baseline, # metric values of the baseline runs, one per seed
             ) -> pd.DataFrame:
     "A, B and A+B each compared with the baseline, plus their interaction; flags regressions that A+B shadows"
     samples = [_sample(x, n) for x,n in zip((baseline, a, b, ab), ('baseline', *names))]
-    rows, verdicts = {}, {}
+    rows = {}
     for name, s in zip(names, samples[1:]):
         r = compare(samples[0], s, higher_is_better, alpha, equal_var, names=('baseline', name))
-        verdicts[name] = r.verdict
         rows[name] = dict(n=r.n[1], mean=r.means[1], mean_diff=r.mean_diff, ci_low=r.ci[0], ci_high=r.ci[1], t=r.t,
                           df=r.df, p_value=r.p_value, effect_size=r.effect_size, verdict=r.verdict)
     rows['interaction'] = _interaction(samples, alpha, equal_var, higher_is_better)
     df = pd.DataFrame.from_dict(rows, orient='index')
     df['n'] = df['n'].astype('Int64')  # the interaction has no sample size of its own
     df['note'] = ''
-    shadowed = _shadowed(verdicts, names)
+    shadowed = _shadowed(df.verdict, names)
     for n in shadowed: df.loc[n, 'note'] = f'regresses alone; shadowed in {names[2]}'
     if shadowed:
         df.loc[names[2], 'note'] = (f"progresses although {' and '.join(shadowed)} "

@@ -116,7 +116,7 @@ _SERVER_HINTS = {  # what a server's message means a user should do
 }
 def _server_hint(e:Exception) -> str:
     "The one thing to do about a server's error `e`, where its message says"
-    return first((h for k,h in _SERVER_HINTS.items() if k in str(e).lower()), '') or ''
+    return next((h for k,h in _SERVER_HINTS.items() if k in str(e).lower()), '')
 
 # what SQLite says when its file system refuses: full, read-only (WAL cannot open its shared memory), failing
 _UNWRITABLE = ('full', 'readonly', 'disk I/O error', 'unable to open database file')

@@ -74,11 +74,9 @@ def _run_seed(train_fn, seed:int, threads:int, deterministic:bool, with_env:bool
      "times, or the error `train_fn` raised; the environment; the kernels it could not take")
     # `sweep_id` makes each task unique: Dask caches a task by its arguments and would hand a rerun the last outcome
     _check_worker()
+    from fastrepro.kernels import take_kernels  # imports torch, as `pinned` does
     with _SEED_LOCK:
-        unlike = {}
-        if kernels:
-            from fastrepro.kernels import take_kernels  # imports torch: only in a worker
-            unlike = take_kernels(kernels)  # before `pinned`, whose switches would pick MKL's code path
+        unlike = take_kernels(kernels) if kernels else {}  # before `pinned`, whose switches would pick MKL's code path
         with pinned(seed, threads, deterministic): return dict(_train_pinned(train_fn, seed, with_env), kernels=unlike)
 
 def _train_pinned(train_fn, seed:int, with_env:bool) -> dict:
@@ -184,6 +182,7 @@ def repeat(train_fn, # called as `train_fn(seed)`, returns a dict of final metri
           ) -> pd.DataFrame:
     "Run `train_fn` once per seed, pinned, here or on `executor`; one row per seed with its metrics"
     import torch  # for the default thread count
+    from fastrepro.kernels import same_kernels_env  # a seed's bits depend on them: the workers take this process's
     seeds = list(seeds)
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds {seeds} repeat: runs with the same seed are not independent samples.")
@@ -199,10 +198,7 @@ def repeat(train_fn, # called as `train_fn(seed)`, returns a dict of final metri
         if rows: print(f"repeat: seeds {sorted(rows)} have completed records in {ledger.db.address} (experiment "
                        f"{rec.get('experiment')!r}, variant {rec.get('variant')!r}, commit {str(rec['commit'])[:8]}): "
                        f"running {[s for s in seeds if s not in rows] or 'nothing'}.")
-    kernels = None
-    if executor is not None:
-        from fastrepro.kernels import same_kernels_env
-        kernels = same_kernels_env()  # a seed's bits depend on them: the workers take this process's
+    kernels = None if executor is None else same_kernels_env()
     job = partial(_run_seed, train_fn, threads=threads or torch.get_num_threads(), deterministic=deterministic,
                   with_env=ledger is not None, sweep_id=uuid.uuid4().hex, kernels=kernels)
     error, lost, unlike = None, {}, {}

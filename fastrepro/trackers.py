@@ -74,10 +74,27 @@ def step_values(learn:Learner) -> dict:
     if not isinstance(mp, MixedPrecision) or scaler is None or not scaler.is_enabled(): return {}
     return {f'{PREFIX}/loss_scale': float(scaler.get_scale()), f'{PREFIX}/overflow': int(bool(mp.skipped))}
 
+# %% ../nbs/17_trackers.ipynb #f665676a
+class _Tracker:
+    "A tracker's steps, by default: `find` fastai's callback `cb_class` in the fit; the others do nothing"
+    kind, cb_class = None, None  # its name in a checkpoint's trackers; (module, class) of fastai's callback for it
+    @classmethod
+    def find(cls, learn:Learner, saved:dict|None):
+        cb = attached_cb(learn, *cls.cb_class)
+        return None if cb is None else cls(cb, saved)
+
+    def begin(self, info:dict, patch:str|None): pass
+    def at_start(self): pass
+    def log(self, values:dict, step:int): pass
+    def note(self, key:str, text:str, step:int): pass
+    def end(self): self.state()
+    @staticmethod
+    def note_run(saved:dict, key:str, text:str, step:int|None, files=()): return None  # no place for a verdict
+
 # %% ../nbs/17_trackers.ipynb #73dde80c
-class CSVHistory:
+class CSVHistory(_Tracker):
     "fastai's `CSVLogger`: a resumed fit puts back the file as it stood at the checkpoint (its fit empties it)"
-    kind = 'csv'
+    kind, cb_class = 'csv', ('fastai.callback.progress', 'CSVLogger')
     def __init__(self, cb:CSVLogger, saved:dict|None):
         self.cb, self.saved, self.kept, self._last = cb, saved, None, saved
         if saved is None: return
@@ -89,32 +106,21 @@ class CSVHistory:
                           "file with the checkpoints.")
         else: self.kept = data[:saved['size']]
 
-    @classmethod
-    def find(cls, learn:Learner, saved:dict|None):
-        cb = first(learn.cbs, lambda o: isinstance(o, CSVLogger))
-        return None if cb is None else cls(cb, saved)
-
     @property
     def run(self) -> str: return str((self.cb.path/self.cb.fname).absolute())
 
-    def begin(self, info:dict, patch:str|None): pass  # a CSV file has no place for provenance
     def at_start(self):
         "Put back the file as the checkpoint found it"
         if self.kept is None: return
         f, self.kept = self.cb.file, self.kept.decode()
         f.seek(0); f.truncate(); f.write(self.kept); f.flush()
         self.kept = None
-    def log(self, values:dict, step:int): pass
-    def note(self, key:str, text:str, step:int): pass
     def state(self) -> dict|None:
         f = getattr(self.cb, 'file', None)
         if f is None or f.closed: return self._last
         f.flush()  # what the checkpoint counts as written is on disk
         self._last = dict(file=self.run, size=f.tell())
         return self._last
-    def end(self): self.state()
-    @staticmethod
-    def note_run(saved:dict, key:str, text:str, step:int|None, files=()): return None  # no place for a verdict
 
 # %% ../nbs/17_trackers.ipynb #3a25338c
 class _StepWriter:
@@ -126,19 +132,14 @@ class _StepWriter:
         return self.writer.add_scalar(tag, value, global_step, *args, **kwargs)
     def __getattr__(self, name): return getattr(self.writer, name)
 
-class TensorBoardRun:
+class TensorBoardRun(_Tracker):
     ("fastai's `TensorBoardCallback`: provenance as text, the loss scale as scalars; a resumed fit continues its "
      "log folder, purged from the checkpoint's step")
-    kind = 'tensorboard'
+    kind, cb_class = 'tensorboard', (TB_MODULE, 'TensorBoardCallback')
     def __init__(self, cb, saved:dict|None):
         self.cb, self.saved, self.writer, self._last, self.info, self.patch = cb, saved, None, saved, None, None
         if saved is not None and cb.log_dir is None: cb.log_dir = saved['log_dir']
         cb._setup_writer = self._setup_writer  # for this fit (see above)
-
-    @classmethod
-    def find(cls, learn:Learner, saved:dict|None):
-        cb = attached_cb(learn, TB_MODULE, 'TensorBoardCallback')
-        return None if cb is None else cls(cb, saved)
 
     @property
     def run(self) -> str|None: return str(Path(self.writer.log_dir).absolute()) if self.writer else self.cb.log_dir
@@ -166,7 +167,6 @@ class TensorBoardRun:
             f.write_text(self.patch)
             self.writer.add_text(f'{PREFIX}/patch', f"{f.name}:\n\n```\n{self.patch}\n```", step)
 
-    def at_start(self): pass
     def log(self, values:dict, step:int):
         for k, v in values.items(): self.writer.add_scalar(k, v, step)
     def note(self, key:str, text:str, step:int): self.writer.add_text(f'{PREFIX}/{key}', text, step)
@@ -178,7 +178,7 @@ class TensorBoardRun:
         return self._last
 
     def end(self):
-        self.state()
+        super().end()
         self.cb.__dict__.pop('_setup_writer', None)
 
     @staticmethod
@@ -192,18 +192,13 @@ class TensorBoardRun:
         return str(d)
 
 # %% ../nbs/17_trackers.ipynb #1650f0fd
-class WandbRun:
+class WandbRun(_Tracker):
     ("fastai's `WandbCallback`: provenance in the run's config and summary, the patch as an artifact, the loss scale "
      "at each step; a resumed fit continues the checkpoint's run at its step")
-    kind = 'wandb'
+    kind, cb_class = 'wandb', (WANDB_MODULE, 'WandbCallback')
     def __init__(self, cb, saved:dict|None):
         self.cb, self.saved, self.wandb, self._last = cb, saved, sys.modules['wandb'], saved
         if saved is not None and self.wandb.run is not None and self.wandb.run.id != saved['id']: self._continue()
-
-    @classmethod
-    def find(cls, learn:Learner, saved:dict|None):
-        cb = attached_cb(learn, WANDB_MODULE, 'WandbCallback')
-        return None if cb is None else cls(cb, saved)
 
     def _continue(self):
         "Finish the run this process started, and continue the checkpoint's, with the same settings"
@@ -241,7 +236,6 @@ class WandbRun:
         self._last = dict(id=r.id, project=r.project, entity=r.entity, dir=str(Path(r.settings.root_dir).absolute()),
                           mode=r.settings.mode, step=int(self.cb._wandb_step), epoch=float(self.cb._wandb_epoch))
         return self._last
-    def end(self): self.state()
 
     @staticmethod
     def note_run(saved:dict, key:str, text:str, step:int|None, files=()) -> str:
@@ -257,12 +251,12 @@ class WandbRun:
         return '/'.join(filter(None, (saved['entity'], saved['project'], saved['id'])))
 
 # %% ../nbs/17_trackers.ipynb #0f760f94
-class MlflowRun:
+class MlflowRun(_Tracker):
     ("The active MLflow run: provenance as tags and artifacts, the loss scale as metrics; a resumed fit continues "
      "the checkpoint's run, no step logged twice")
     kind = 'mlflow'
     def __init__(self, saved:dict|None):
-        self.mlflow, self.saved, self._last, self.opened = sys.modules['mlflow'], saved, saved, False
+        self.mlflow, self.saved, self.opened = sys.modules['mlflow'], saved, False
         active = self.mlflow.active_run()
         if saved is not None and (active is None or active.info.run_id != saved['run_id']): self._continue(active)
         self.run_id, self.client = self.mlflow.active_run().info.run_id, self.mlflow.MlflowClient()
@@ -299,7 +293,6 @@ class MlflowRun:
         self.client.log_dict(self.run_id, info, f'{PREFIX}/provenance.json')
         if patch: self.client.log_text(self.run_id, patch, f"{PREFIX}/patch-{info['patch_hash']}.diff")
 
-    def at_start(self): pass
     def log(self, values:dict, step:int):
         from mlflow.entities import Metric
         self.step += 1
@@ -307,9 +300,7 @@ class MlflowRun:
         now = int(time.time()*1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, self.step) for k, v in values.items()])
     def note(self, key:str, text:str, step:int): self.client.set_tag(self.run_id, f'{PREFIX}.{key}', text)
-    def state(self) -> dict:
-        self._last = dict(run_id=self.run_id, uri=self.mlflow.get_tracking_uri(), step=self.step)
-        return self._last
+    def state(self) -> dict: return dict(run_id=self.run_id, uri=self.mlflow.get_tracking_uri(), step=self.step)
     def end(self):
         if self.opened: self.mlflow.end_run()
 
@@ -367,7 +358,7 @@ class FitTrackers(Callback):
         if self._started: return
         self._started = True  # every tracker's callback ran `before_fit`: its writer is open
         for t in self.trackers: t.at_start()
-        self._link_ledger()
+        self.record.update(trackers=self.runs)  # the fit's ledger record names its trackers' runs (rank 0's)
 
     def after_batch(self):
         if not self.training: return
@@ -405,9 +396,6 @@ class FitTrackers(Callback):
         "The tracker runs of the fit, by tracker"
         return {t.kind: t.run for t in self.trackers}
 
-    def _link_ledger(self):
-        "The fit's ledger record names its trackers' runs"
-        self.record.update(trackers=self.runs)  # rank 0's: the trackers are
 
     def _checkpoint_key(self):
         cb = getattr(self.learn, 'checkpoint_cb', None)
