@@ -19,8 +19,7 @@ from .distrib import world_size
 from .audit import audit_fit, audit_resume, Findings
 from .trace import Trace, TRACE_EVERY, INITIAL_WEIGHTS, state_digest
 from .environment import environment_info
-from .provenance import (run_provenance, git_info, pack_git, pack_entry,
-                                  check_ranks_agree)
+from .provenance import run_provenance, git_info, pack_git, pack_entry, check_ranks_agree
 from .ledger import Ledger
 from .record import FitRecord
 from .trackers import FitTrackers
@@ -45,8 +44,7 @@ class FitProvenance:
         self.findings = Findings()
 
     def take_code(self, learn:Learner):
-        ("Record the code the fit runs (its git commit, the patch of a dirty tree, refused unless `allow_dirty`) and "
-         "how the process was started")
+        "Record the fit's code (commit; a dirty tree's patch, refused unless `allow_dirty`) and how its process started"
         self.prov = run_provenance(self.repo_path or '.', self.allow_dirty, outputs=self.outputs(learn))
 
     def outputs(self, learn:Learner) -> list:

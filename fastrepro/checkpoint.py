@@ -214,15 +214,11 @@ def save(self:Learner, file, **kwargs):
     distrib_barrier()  # the other ranks return once the file is complete (fastai's `save_model` does not wait)
     return file
 
-def _hand_over(learn, extra, file, notes=()):
+def _hand_over(learn, extra, file, notes):
     "Give each stateful callback its part of `extra` (fastrepro state read from `file`): it keeps it pending"
-    cbs = stateful_cbs(learn)
     # a reload inside a fit (SaveModelCallback's best model) restores weights, not a resume point
     if in_fit(learn): return
-    if extra is None:
-        if cbs: warnings.warn(f"{file} is a plain fastai checkpoint: it holds no RNG or callback state, so a run "
-                              "resumed from it will not be bit-identical to the uninterrupted one.")
-        return
+    cbs = stateful_cbs(learn)
     for note in notes: warnings.warn(f"{file}: {note}")  # what an older format lacks (`upgrade_state`)
     ranks = [extra['callbacks']] + extra.get('rank_callbacks', [])
     saved = ranks[rank_distrib()] if rank_distrib() < len(ranks) else ranks[0]  # this rank's part (see `ReproCB`)
@@ -248,7 +244,9 @@ def _repro_load(fastai_load, clean_keys=noop):
         # a plain fastai checkpoint: fastai's own path, then the warning that the resume won't be exact
         if extra is None:
             res = fastai_load(self, file, device=device, with_opt=with_opt, strict=strict, **kwargs)
-            _hand_over(self, None, path)
+            if not in_fit(self): warnings.warn(f"{path} is a plain fastai checkpoint: it holds no RNG or callback "
+                                               "state, so a run resumed from it will not be bit-identical to the "
+                                               "uninterrupted one.")
             return res
         extra, notes = upgrade_state(extra, path, self)
         check_compatible(self, extra, path)
@@ -312,7 +310,7 @@ def upgrade_state(extra:dict, # fastrepro's part of a checkpoint (`split_state`)
                               f"reads up to {FORMAT_VERSION}): upgrade fastrepro to resume from it.")
     notes = []
     while extra['format'] < FORMAT_VERSION:
-        version, extra, cbs = extra['format'], _FORMAT_UPGRADES[extra['format']](extra), {}
+        version, extra, cbs = extra['format'], _next_layout(extra), {}
         for name, state in extra['callbacks'].items():
             up = _upgrades.get((name, version))
             cbs[name], more = up(state, learn) if up else (state, [])
@@ -321,17 +319,12 @@ def upgrade_state(extra:dict, # fastrepro's part of a checkpoint (`split_state`)
     return extra, notes
 
 # %% ../nbs/02_checkpoint.ipynb #42f1625c
-def _from_v1(extra:dict) -> dict:
-    "Format 1's layout as format 2's: the signatures out of `meta` (the rest repeated callback states or went unread)"
+def _next_layout(extra:dict) -> dict:
+    ("`extra` in the next format's layout: format 2 took the signatures out of format 1's `meta` (the rest repeated "
+     "callback states or went unread); each later format kept the layout, only callbacks' states changed")
+    if extra['format'] > 1: return {**extra, 'format': extra['format'] + 1}
     meta = extra['meta']
     return {'format': 2, 'model': meta['model'], 'data': meta['data'], 'callbacks': extra['callbacks']}
-
-def _same_layout(extra:dict) -> dict:
-    "The next format's layout is this one's: only callbacks' states changed (they convert their own)"
-    return {**extra, 'format': extra['format'] + 1}
-
-# format -> function(state) -> the next format's
-_FORMAT_UPGRADES = {1: _from_v1, 2: _same_layout, 3: _same_layout, 4: _same_layout}
 
 # %% ../nbs/02_checkpoint.ipynb #22cd4185
 @checkpoint_summary('repro_cb')

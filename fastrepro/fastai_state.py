@@ -81,8 +81,7 @@ def set_metric_states(mets, states:list, device):
 
 # %% ../nbs/02b_fastai_state.ipynb #39a2c2af
 def fastai_callback_states(learn:Learner) -> dict:
-    ("The state of the attached fastai callbacks that keep one: trackers (best, wait, lowered rates), gradient "
-     "accumulation")
+    "State of the attached fastai callbacks that keep one: trackers (best, wait, lowered rates), gradient accumulation"
     res = {}
     for cb in learn.cbs:
         if isinstance(cb, TrackerCallback) and cb.best is not None:

@@ -8,7 +8,6 @@ Docs: https://fastrepro.github.io/fastrepro/fp16.html.md"""
 from __future__ import annotations
 import warnings
 from collections import namedtuple
-import pandas as pd
 from fastai.basics import *
 from fastai.callback.fp16 import MixedPrecision, AMPMode
 from torch.amp import autocast, GradScaler
@@ -28,8 +27,7 @@ HISTORY_COLUMNS = tuple(HISTORY_SCHEMA)
 
 def amp_device_type(learn:Learner) -> str:
     "The device type autocast and the `GradScaler` must use for `learn`: its dls' device, else its model's"
-    dev = getattr(learn.dls, 'device', None)
-    if dev is None: dev = next((p.device for p in learn.model.parameters()), 'cpu')
+    dev = ifnone(getattr(learn.dls, 'device', None), next((p.device for p in learn.model.parameters()), 'cpu'))
     return torch.device(dev).type
 
 def onednn_fp16_unsupported(model:nn.Module) -> list:
@@ -153,8 +151,7 @@ class ReproMixedPrecision(MixedPrecision):
 
     def after_fit_exception(self, exc):
         "`fit` raised: autocast off, oneDNN flag back, state kept as of the last completed step"
-        self._end_fit()
-        MixedPrecision.after_fit(self)
+        self.after_fit()
 
     def state_dict(self) -> dict:
         "Mode, scaler state, history and progress; `torch.load(weights_only=True)`-safe"
@@ -236,8 +233,7 @@ class ReproMixedPrecision(MixedPrecision):
 
     def _resume(self, st:dict, it:int):
         "Continue the fit saved in `st` at its step `it`: scaler, history and iteration count"
-        self._unflushed, self.n_fits = [], st['n_fits']
-        self.fit_idx = self.n_fits - 1
+        self._unflushed, self.n_fits, self.fit_idx = [], st['n_fits'], st['n_fits'] - 1
         h = st['history']
         # an abandoned attempt's rows go
         keep = [not (f == self.fit_idx and i >= it) for f, i in zip(h['fit'], h['iter'])]
@@ -299,11 +295,10 @@ def plot_loss_scale(self:Learner,
     ax.plot(x, h.scale, drawstyle='steps-post', label='loss scale')
     sk = h.skipped.to_numpy()
     ax.scatter(x[sk], h.scale[sk], marker='x', color='red', zorder=3, label=f'overflow, step skipped ({sk.sum()})')
-    if show_epochs:
-        for i, s in enumerate(pd.Series(x).groupby([h.fit.to_numpy(), h.epoch.to_numpy()]).min().iloc[1:]):
-            ax.axvline(s, color='grey', ls=':', label='epoch' if i == 0 else None)
-    for i, s in enumerate(pd.Series(x).groupby(h.fit.to_numpy()).min().iloc[1:]):
-        ax.axvline(s, color='black', ls='--', lw=1, label='new fit' if i == 0 else None)
+    starts = [([h.fit, h.epoch], 'epoch', dict(color='grey', ls=':'))] if show_epochs else []
+    for keys, label, style in starts + [([h.fit], 'new fit', dict(color='black', ls='--', lw=1))]:
+        for i, s in enumerate(pd.Series(x).groupby([k.to_numpy() for k in keys]).min().iloc[1:]):
+            ax.axvline(s, label=label if i == 0 else None, **style)
     ax.set_yscale('log', base=2)
     ax.set_xlabel('iterations'); ax.set_ylabel('loss scale')
     ax.set_title('loss scale' if h.scaled.any() or not len(h) else 'loss scale (bf16: no loss scaling)')

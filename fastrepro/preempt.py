@@ -62,9 +62,8 @@ def states_digest(o) -> str|None:
     return digest([state_digest(tensors), sorted(plain.items())], None)
 
 def checkpoint_digests(path) -> dict:
-    ("Where the checkpoint at `path` was written (`POSITION_KEYS`, its model signature and run seed) and the digests "
-     "of its weights, optimizer state and generator states (None: none saved; at an epoch's start they derive from "
-     "the seed)")
+    ("Where the checkpoint at `path` was written (`POSITION_KEYS`, model signature, run seed) and the digests of its "
+     "weights, optimizer state and generator states (None: none saved; at an epoch's start they derive from the seed)")
     model, opt, extra = split_state(read_checkpoint(path, mmap=True))
     repro = extra['callbacks']['repro_cb']
     pos = repro['position']
@@ -101,8 +100,7 @@ def add_to_manifest(checkpoint, # the checkpoint just written
     return res
 
 class CheckpointCB(Callback):
-    ("Checkpoints inside epochs (every N iterations or T seconds), at SIGTERM/SIGUSR1 before exiting, "
-     "and rerun-to-continue")
+    "Checkpoints inside epochs (every N iters or T seconds), at SIGTERM/SIGUSR1 before exiting, and rerun-to-continue"
     order = 90  # after the other callbacks' `after_batch` and `after_fit` (Recorder 50, trackers 60-63): a whole state
     def __init__(self,
         fname:str='checkpoint', # the newest checkpoint is always `learn.path/learn.model_dir/f'{fname}.pth'`
@@ -259,9 +257,8 @@ class CheckpointCB(Callback):
 
     def _newest(self) -> str:
         "Which checkpoint a rerun continues from"
-        if not self.path.exists(): return "There is no checkpoint of this fit: a rerun starts it over."
-        info = checkpoint_info(self.path)
-        if info.get('fit_number') != self.fit_number and self.autoresume:
+        info = checkpoint_info(self.path) if self.path.exists() else None
+        if info is None or (self.autoresume and info.get('fit_number') != self.fit_number):
             return "There is no checkpoint of this fit: a rerun starts it over."
         return (f"The newest usable checkpoint is {self.path} (epoch {info['start_epoch']}, after {info['batch']} "
                 "batches): run the script again to continue from it.")

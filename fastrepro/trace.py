@@ -8,8 +8,6 @@ Docs: https://fastrepro.github.io/fastrepro/trace.html.md"""
 from __future__ import annotations
 import pickle, zipfile, hashlib
 from dataclasses import dataclass, field
-from pathlib import Path
-import numpy as np, pandas as pd, torch
 from fastai.basics import *
 from .checkpoint import atomic_torch_save, read_checkpoint, split_state, upgrade_state
 
