@@ -190,11 +190,10 @@ def compare_command(args):
                        f"{' '.join(missing)}. `fastrepro runs` lists the experiments, variants and metrics a ledger "
                        "holds, e.g. `fastrepro compare --experiment imdb --baseline baseline --variant mixup "
                        "--metric accuracy`.")
-    ledger = open_ledger(args.ledger)
-    r = ledger.compare(args.metric, dict(experiment=args.experiment, variant=args.baseline),
-                       dict(experiment=args.experiment, variant=args.variant),
-                       higher_is_better=not args.lower_is_better,
-                       max_baseline_age=args.max_baseline_age, which='best' if args.best else 'final', alpha=args.alpha)
+    r = open_ledger(args.ledger).compare(args.metric, dict(experiment=args.experiment, variant=args.baseline),
+                                         dict(experiment=args.experiment, variant=args.variant),
+                                         higher_is_better=not args.lower_is_better, alpha=args.alpha,
+                                         max_baseline_age=args.max_baseline_age, which='best' if args.best else 'final')
     print(json.dumps(r.to_dict(), indent=1) if args.json else repr(r))
     if args.fail_on_regression and r.verdict == 'regression': return EXIT_REGRESSION
 

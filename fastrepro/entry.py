@@ -31,8 +31,7 @@ _COMMAND_KINDS = {'-m': 'module', '-c': 'code', '-': 'stdin'}
 def _command(argv:list, root:str|None) -> tuple:
     "(interpreter options, command) of the command line `argv`: the script (relative to `root`) and its arguments"
     i = 1
-    while i < len(argv) and argv[i].startswith('-') and argv[i] != '-':
-        if argv[i] in ('-m', '-c'): break
+    while i < len(argv) and argv[i].startswith('-') and argv[i] not in _COMMAND_KINDS:  # up to -m, -c or -
         i += 1 + (argv[i] in _PYTHON_OPTS_WITH_VALUE)
     cmd = argv[i:]
     if cmd and cmd[0] not in _COMMAND_KINDS: cmd = [_relative(cmd[0], root), *cmd[1:]]

@@ -63,8 +63,7 @@ def cpu_kernels() -> dict:
                 onednn=os.environ.get('ONEDNN_MAX_CPU_ISA', 'native') if torch.backends.mkldnn.enabled else 'off')
 
 def environment_info() -> dict:
-    ("Versions, device, threads and deterministic switches of this process, with `env_hash` over those that affect "
-     "bit-identity")
+    "Versions, device, threads and deterministic switches of this process; `env_hash` over those deciding bit-identity"
     info = dict(copy.deepcopy(_static_info()), num_threads=torch.get_num_threads(), switches=numeric_switches(),
                 cpu_kernels=cpu_kernels())
     info['env_hash'] = digest(json.dumps({k: info[k] for k in BIT_IDENTITY_FIELDS}, sort_keys=True, default=str), None)
@@ -74,9 +73,7 @@ def environment_info() -> dict:
 def _flat(d:dict, prefix='') -> dict:
     "`d` with nested dicts flattened into dotted keys"
     res = {}
-    for k,v in d.items():
-        if isinstance(v, dict): res.update(_flat(v, f'{prefix}{k}.'))
-        else: res[f'{prefix}{k}'] = v
+    for k,v in d.items(): res.update(_flat(v, f'{prefix}{k}.') if isinstance(v, dict) else {f'{prefix}{k}': v})
     return res
 
 def env_diff(a:dict, # an `environment_info()` result (e.g. from a checkpoint)

@@ -128,16 +128,13 @@ def _learner(recipe:str, path:Path, seed:int=SEED, workers:int=0, cbs=(), init:i
     seed_everything(init)
     learn = BUILDERS[recipe](path, workers)
     learn.add_cbs([ReproCB(seed=seed, allow_dirty=True), *cbs])
-    if recipe == 'fp16': learn.to_repro_fp16()
-    if recipe == 'bf16': learn.to_repro_bf16()
+    if recipe in MIXED: getattr(learn, f'to_repro_{recipe}')()  # `to_repro_fp16()`, `to_repro_bf16()`
     return learn
 
 def _fit(learn:Learner):
     with learn.no_bar(), learn.no_logging(): learn.fit_one_cycle(N_EPOCH, LR)
 
-def _stop_cb(learn:Learner, stop:str) -> Callback:
-    "The callback that sends SIGTERM at the `stop` of this run"
-    return _SignalAt(epoch=0) if stop == 'boundary' else _SignalAt(it=len(learn.dls.train)*3//2)
+
 
 # %% ../nbs/19_proof.ipynb #a73a082d
 LABELS = dict(lm="a language model's LMDataLoader", clas="a text classifier's SortedDL",
@@ -156,8 +153,8 @@ def _train(folder:Path, recipe:str, run:str, seed:int=SEED, workers:int=0):
 def _stop(folder:Path, recipe:str, stop:str):
     "Train `recipe` until SIGTERM at `stop`: the checkpoint CheckpointCB wrote, where it should have been"
     learn = _learner(recipe, folder/recipe/stop, cbs=[CheckpointCB(autoresume=True)])
-    learn.add_cb(_stop_cb(learn, stop))
     n = len(learn.dls.train)
+    learn.add_cb(_SignalAt(epoch=0) if stop == 'boundary' else _SignalAt(it=n*3//2))  # SIGTERM at `stop` (`STOPS`)
     try: _fit(learn)
     except SystemExit as e: status = e.code
     else: raise RuntimeError("the run was sent SIGTERM and trained to its end")
@@ -173,16 +170,6 @@ def _resume(folder:Path, recipe:str, stop:str):
     _record(learn, folder, f'{recipe}-{stop}-resumed')
 
 def _stops(recipe:str) -> tuple: return STOPS if recipe in LOADERS else ('middle',)
-
-def _guard_check() -> tuple:
-    "Does the installed fastai's DataLoader behave as the data streams rely on (at import, and probed again now)?"
-    found = list(dict.fromkeys(LOADER_DIFFERENCES + loader_differences()))
-    return ('passed', '') if not found else ('failed', foreign_fastai(found))
-
-def _same(folder:Path, a:str, b:str) -> tuple:
-    "`same_run` of the records `a` and `b`"
-    ra, rb = (folder/'records'/f'{n}.pt' for n in (a, b))
-    return same_run(RunRecord.load(ra), RunRecord.load(rb))
 
 def _stage_train(folder:Path, log:dict):
     "The first process: each recipe's uninterrupted run and its stopped runs, and the run with another seed"
@@ -208,7 +195,7 @@ def _compared(folder:Path, log:dict, a:str, b:str, differ:bool=False) -> tuple:
     "A check's (status, detail) from the runs `a` and `b`: the same bits (or, `differ`, other bits)"
     for n in (a, b):
         if 'error' in log.get(n, {}): return 'failed', f"the run {n} raised {log[n]['error']}"
-    same, why = _same(folder, a, b)
+    same, why = same_run(*(RunRecord.load(folder/'records'/f'{n}.pt') for n in (a, b)))
     if differ: return ('passed', '') if not same else ('failed', f"the two seeds gave the same run ({why})")
     return ('passed', '') if same else ('failed', why)
 
@@ -224,7 +211,9 @@ def _resume_check(folder:Path, log:dict, recipe:str, stop:str) -> tuple:
 
 def checks(folder:Path, log:dict) -> list:
     "Every check's (name, status, detail), from the runs both processes logged"
-    res = [("fastai's DataLoader behaves as fastrepro's data streams rely on", *_guard_check())]
+    found = list(dict.fromkeys(LOADER_DIFFERENCES + loader_differences()))  # at import, and probed again now
+    res = [("fastai's DataLoader behaves as fastrepro's data streams rely on",
+            *(('passed', '') if not found else ('failed', foreign_fastai(found))))]
     for r in LOADERS: res.append((f"same seed twice, in a new process ({LABELS[r]})",
                                   *_compared(folder, log, f'{r}-ref', f'{r}-again')))
     res.append((f"another seed gives another run ({LABELS['tfmd']})",
@@ -234,9 +223,9 @@ def checks(folder:Path, log:dict) -> list:
                                       *_resume_check(folder, log, r, stop)))
     res.append((f"{WORKERS} DataLoader workers give the run of none ({LABELS['tfmd']})",
                 *_compared(folder, log, 'tfmd-ref', 'tfmd-workers')))
-    for r in MIXED: res.append((f"{r} on the CPU with ReproMixedPrecision, resumed inside an epoch, loss scales "
-                                "included",
-                                *_resume_check(folder, log, r, 'middle')))
+    for r in MIXED:
+        res.append((f"{r} on the CPU with ReproMixedPrecision, resumed inside an epoch, loss scales included",
+                    *_resume_check(folder, log, r, 'middle')))
     return res + _cuda_checks()
 
 def _cuda_checks() -> list:
@@ -271,20 +260,18 @@ def _generators_problem() -> str|None:
     "Why this process has no CPU generator to seed and restore, or None"
     try: torch.default_generator.set_state(torch.default_generator.get_state()); np.random.get_state()
     except Exception as e: return f"torch's CPU generator cannot be read and restored ({_one_line(e)})"
-    return None
 
 def run_stage(stage:str, folder:str):
     "One check process: `stage` 'train' or 'resume', its log (and, after 'resume', the checks) in `folder`"
     folder, log = Path(folder), {}
     (folder/'records').mkdir(exist_ok=True)
-    problem = _generators_problem()
-    if problem is None:
-        (_stage_train if stage == 'train' else _stage_resume)(folder, log)
-        if stage == 'resume':
-            log = {**json.loads((folder/'train.json').read_text())['log'], **log}
-            res = dict(checks=checks(folder, log), stack=stack())
-        else: res = {}
-    else: res = dict(cannot=problem)
+    problem, res = _generators_problem(), {}
+    if problem is not None: res = dict(cannot=problem)
+    elif stage == 'train': _stage_train(folder, log)
+    else:
+        _stage_resume(folder, log)
+        log = {**json.loads((folder/'train.json').read_text())['log'], **log}
+        res = dict(checks=checks(folder, log), stack=stack())
     (folder/f'{stage}.json').write_text(json.dumps(dict(log=log, **res)))
 
 @dataclass

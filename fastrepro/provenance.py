@@ -23,8 +23,7 @@ __all__ = ['MAX_FILES_SHOWN', 'MAX_CODE_BYTES', 'CODE_SUFFIXES', 'CODE_NAMES', '
 
 # %% ../nbs/10_provenance.ipynb #9454b67c
 class DirtyTreeError(RuntimeError):
-    ("The git working tree has uncommitted changes (or no commit at all), so no commit identifies the code that "
-     "would run")
+    "The git working tree has uncommitted changes (or no commit at all): no commit identifies the code that would run"
 
 class ProvenanceWarning(UserWarning):
     "Provenance could not be fully recorded (e.g. the code is not in a git repository)"
@@ -78,15 +77,10 @@ def _imported(root:str) -> set:
     "The files, relative to `root`, of the modules this process imported from under `root`"
     # An import appends its name to `sys.modules` (a dict keeps insertion order), a removal shortens it: between two
     # fits that imported nothing, count and last name are the same, and the last scan holds
-    key = len(sys.modules), next(reversed(sys.modules), None)
-    hit = _imported_cache.get(root)
-    if hit is not None and hit[0] == key: return hit[1]
-    prefix, res = os.path.join(root, ''), set()
-    for m in list(sys.modules.values()):
-        f = getattr(m, '__file__', None)
-        if isinstance(f, str) and f.startswith(prefix): res.add(Path(f).relative_to(root).as_posix())
-    _imported_cache[root] = key, res
-    return res
+    key, prefix = (len(sys.modules), next(reversed(sys.modules), None)), os.path.join(root, '')
+    def _scan(): return {Path(f).relative_to(root).as_posix() for m in list(sys.modules.values())
+                         if isinstance(f := getattr(m, '__file__', None), str) and f.startswith(prefix)}
+    return _cached(_imported_cache, root, key, (), _scan)  # no file stamps: always cached
 
 def _is_code(root:str, path:str, imported:set, outputs:list) -> bool:
     "Is the changed file `path` (relative to `root`) code the run can execute? (a notebook: if its code changed)"
@@ -290,8 +284,7 @@ def run_provenance(path='.', # a directory inside the repository of the code tha
                    allow_dirty:bool=False, # accept uncommitted changes, recording the patch
                    outputs=(), # folders the run writes to (checkpoints, exports): their files are never code
                   ) -> dict:
-    ("Fields `commit`, `dirty`, `patch`, `git`, `entry`, `env` and `env_hash` for a run record; raises "
-     "`DirtyTreeError` on a dirty tree")
+    "Fields `commit`, `dirty`, `patch`, `git`, `entry`, `env` and `env_hash` of a run record; `DirtyTreeError` if dirty"
     info, patch = _git_state(path, outputs)
     check_clean(info, allow_dirty)
     env = environment_info()

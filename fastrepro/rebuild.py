@@ -54,21 +54,16 @@ def _git(cwd, *args, input:bytes|None=None, check:bool=True) -> subprocess.Compl
         raise ReproduceError(f"`git {' '.join(args)}` failed in {cwd}: {_one_line(p.stderr.decode(errors='replace'))}")
     return p
 
-def _repository(where, remote:str|None) -> Path:
-    "The root of the git repository at `where`, refused with what to do when there is none"
-    p = _git(where, 'rev-parse', '--show-toplevel', check=False) if where and Path(where).is_dir() else None
-    if p is None or p.returncode:
-        clone = f"a clone of {remote}" if remote else "a clone of the project"
-        raise ReproduceError(f"No git repository at {where}, where the run was recorded: pass repo= (--repo) with "
-                             f"{clone}.")
-    return Path(p.stdout.decode().strip())
-
 def code_root(git:dict, # a checkpoint's git record with a commit (`checkpoint_info(f)['git']`)
               repo=None, # the repository with the commit (default: where the run was recorded)
              ) -> Path:
     "The root of the repository that has the recorded commit, refused with what to do when there is none"
-    remote = git.get('remote_url')
-    root = _repository(repo or git.get('root'), remote)
+    remote, where = git.get('remote_url'), repo or git.get('root')
+    p = _git(where, 'rev-parse', '--show-toplevel', check=False) if where and Path(where).is_dir() else None
+    if p is None or p.returncode:
+        raise ReproduceError(f"No git repository at {where}, where the run was recorded: pass repo= (--repo) with "
+                             f"a clone of {remote or 'the project'}.")
+    root = Path(p.stdout.decode().strip())
     if _git(root, 'cat-file', '-e', f"{git['commit']}^{{commit}}", check=False).returncode:
         fetch = f"`git fetch {remote}`" if remote else "`git fetch`"
         raise ReproduceError(f"Commit {git['commit'][:12]} is not in the repository {root}: it was never fetched here "
@@ -109,15 +104,14 @@ def code_worktree(root:Path, # the repository that has the commit
                  ):
     ("A temporary git worktree of `root` at the recorded commit with the recorded patch applied; removed and pruned "
      "when the block ends, however it ends. The user's checkout, index and branches are not touched.")
-    tmp = Path(tempfile.mkdtemp(prefix='fastrepro-reproduce-'))
-    wt = tmp/'code'
+    wt = Path(tempfile.mkdtemp(prefix='fastrepro-reproduce-'))/'code'
     try:
         _git(root, 'worktree', 'add', '--detach', '--quiet', str(wt), git['commit'])
         if git.get('patch'): _apply(wt, git)
         yield wt
     finally:
         _git(root, 'worktree', 'remove', '--force', '--force', str(wt), check=False)
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(wt.parent, ignore_errors=True)
         _git(root, 'worktree', 'prune', check=False)
 
 @contextlib.contextmanager

@@ -52,8 +52,7 @@ def ledger_checkpoint(record:pd.Series, # a row of `Ledger.runs`
 
 def _ledger_record(ledger:Ledger, run:str|int) -> pd.Series:
     "The record of ledger run `run`: its id (`fastrepro runs` shows it), or the key a checkpoint names it by"
-    is_id = isinstance(run, int) or str(run).isdigit()
-    runs = ledger.runs(id=int(run)) if is_id else ledger.runs(run_key=run)
+    runs = ledger.runs(id=int(run)) if isinstance(run, int) or str(run).isdigit() else ledger.runs(run_key=run)
     if not len(runs): raise ReproduceError(f"There is no run {run} in ledger {ledger.db.address}: `fastrepro runs` "
                                            "lists its runs.")
     return runs.iloc[0]
@@ -156,8 +155,8 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
     timings['compare'] = time.perf_counter() - t
     what = str(checkpoint) if until is None else f"{manifest_path(checkpoint)} (a deleted checkpoint's digests)"
     res = Reproduction(what, git['commit'], text, code,
-                       {k: v for k, v in pos.items() if k in ('fit', 'epoch', 'batch', 'iteration')},
-                       parts, {q: (None if w is None else _quantity(q, w, w)) for q, w in quantities.items()},
+                       {k: pos[k] for k in POSITION_KEYS},
+                       parts, {q: (None if w is None else _quantity(q, w)) for q, w in quantities.items()},
                        predicted, before, after, data, argv, str(out), timings)
     if record is not None:
         res.ledger_run, res.record = int(record.name), record_reproduction(book, record, res, again['facts'])
@@ -212,11 +211,8 @@ def segment_plan(checkpoint, # the newest checkpoint `CheckpointCB` wrote (`{fna
         if _run_key(info) == run: kept[info['fit_idx'], info['start_epoch'], info['batch']] = f
     ends = sorted({**{manifest_key(e): (p, e) for e in read_manifest(p)}, **{k: (f, None) for k, f in kept.items()}}
                   .items())
-    plan = []
-    for at, start in [((-1,), None), *sorted(kept.items())]:  # (-1,): before every checkpoint
-        nxt = next((end for k, end in ends if k > at), None)
-        if nxt is not None: plan.append((start, *nxt))
-    return plan
+    starts = [((-1,), None), *sorted(kept.items())]  # (-1,): before every checkpoint
+    return [(start, *nxt) for at, start in starts if (nxt := next((end for k, end in ends if k > at), None))]
 
 def _segment(args:tuple) -> Reproduction:
     "One segment: `reproduce(end, out, start=start, ...)` (a function of the module: executors send it by reference)"

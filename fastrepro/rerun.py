@@ -28,8 +28,7 @@ def rerun_env(entry:dict|None, # the recorded entry point (`checkpoint_info(f)['
              ) -> dict:
     ("The re-run's environment: `base` with the variables that change numerics or what runs (`ENTRY_ENV`) exactly "
      "as recorded, then `overrides`")
-    base = dict(os.environ if base is None else base)
-    env = {k: v for k, v in base.items() if k not in ENTRY_ENV}
+    env = {k: v for k, v in (os.environ if base is None else base).items() if k not in ENTRY_ENV}
     env.update((entry or {}).get('env') or {})
     if (entry or {}).get('launcher'):  # the launcher sets each rank's own
         for k in ('WORLD_SIZE', 'LOCAL_WORLD_SIZE'): env.pop(k, None)

@@ -98,14 +98,13 @@ def compare_digests(entry:dict, # the manifest entry of a checkpoint `keep` dele
         res[q] = None if got[k] == entry[k] else f"sha256 {str(entry[k])[:12]} recorded, {str(got[k])[:12]} re-run"
     return res
 
-
 # %% ../nbs/17c_verdict.ipynb #a1700034
-def _quantity(name:str, where, d) -> str:
-    "The name of what first differs"
+def _quantity(name:str, where) -> str:
+    "The name of what first differs (`where`: the trace's divergence, or the path in the quantity)"
     if name != 'trace': return f"{name} ({where})"
-    if d.missing: return f"the trace (run {d.missing} has no iteration {d.iter})"
-    if INITIAL_WEIGHTS in d.columns: return 'the initial weights'
-    return 'loss' if 'loss' in d.columns else f"the norm of {d.layer}"
+    if where.missing: return f"the trace (run {where.missing} has no iteration {where.iter})"
+    if INITIAL_WEIGHTS in where.columns: return 'the initial weights'
+    return 'loss' if 'loss' in where.columns else f"the norm of {where.layer}"
 
 def verdict(quantities:dict, position:dict, env_after:list, data:str) -> tuple:
     "(verdict, parts, exit code) of compared quantities"
@@ -113,21 +112,18 @@ def verdict(quantities:dict, position:dict, env_after:list, data:str) -> tuple:
     differ = [(q, w) for q, w in quantities.items() if w is not None]
     if not differ: return "reproduced bit for bit", None, EXIT_REPRODUCED
     q, w = differ[0]
-    if q == 'trace': parts = dict(fit=w.fit, epoch=w.epoch, iter=w.iter, quantity=_quantity(q, w, w))
-    else: parts = dict(fit=position['fit'], epoch=position['epoch'], iter=position['iteration'],
-                       quantity=_quantity(q, w, None))
+    fit, epoch, it = (w.fit, w.epoch, w.iter) if q == 'trace' else (position[k] for k in ('fit', 'epoch', 'iteration'))
+    parts = dict(fit=fit, epoch=epoch, iter=it, quantity=_quantity(q, w))
     why = _fmt_diffs(env_after)
     if why: because = f"explained by the environment: {why}"
-    elif parts['iter'] == BEFORE_TRAINING or (parts['fit'], parts['iter']) == (0, 0):
+    elif it == BEFORE_TRAINING or (fit, it) == (0, 0):
         because = ("no recorded difference of the environment explains it: the run starts from other weights or data "
                    "(built before the fit from unseeded generators? call `seed_everything(seed)` before building them)")
     else: because = ("no recorded difference of the environment explains it: the run reads something its record does "
                      "not hold (an environment variable, a file, the clock)")
-    if parts['iter'] == BEFORE_TRAINING:
-        text = f"parts before fit {parts['fit']}'s first iteration, in the initial weights; {because}"
-        return text, parts, EXIT_PARTS
-    return (f"parts at fit {parts['fit']}, epoch {parts['epoch']}, iteration {parts['iter']}, first in "
-            f"{parts['quantity']}; {because}"), parts, EXIT_PARTS
+    where = (f"before fit {fit}'s first iteration, in the initial weights" if it == BEFORE_TRAINING else
+             f"at fit {fit}, epoch {epoch}, iteration {it}, first in {parts['quantity']}")
+    return f"parts {where}; {because}", parts, EXIT_PARTS
 
 def _data(a:dict, b:dict) -> str:
     "The data verdict of two checkpoints: their data signatures (the vocabulary, for text)"
