@@ -260,7 +260,6 @@ def show_loaded_fit(learn:Learner):
     rec = (learn.repro_cb.pending or {}).get('recorder')
     if rec is not None: set_recorder_state(learn.recorder, rec, 'cpu')
 
-
 # %% ../nbs/03_callback.ipynb #9e1a0aa7
 def repro_state(cb:ReproCB) -> dict:
     "ReproCB's part of a checkpoint written now: where the run stands and what a fit that resumes it needs"

@@ -134,8 +134,6 @@ def _learner(recipe:str, path:Path, seed:int=SEED, workers:int=0, cbs=(), init:i
 def _fit(learn:Learner):
     with learn.no_bar(), learn.no_logging(): learn.fit_one_cycle(N_EPOCH, LR)
 
-
-
 # %% ../nbs/19_proof.ipynb #a73a082d
 LABELS = dict(lm="a language model's LMDataLoader", clas="a text classifier's SortedDL",
               tfmd="a TfmdDL with random augmentation", tabular="a tabular TabWeightedDL")

@@ -396,7 +396,6 @@ class FitTrackers(Callback):
         "The tracker runs of the fit, by tracker"
         return {t.kind: t.run for t in self.trackers}
 
-
     def _checkpoint_key(self):
         cb = getattr(self.learn, 'checkpoint_cb', None)
         if cb is None or not cb.path.exists(): return None
