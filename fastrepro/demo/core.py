@@ -10,7 +10,6 @@ import sys, json, time, functools, traceback, dataclasses, textwrap
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fastai.text.all import *
-from fastprogress.fastprogress import master_bar, progress_bar
 import fastai, fastrepro  # their versions, in the report
 from ..trace import RunRecord
 from ..stats import MIN_SEEDS
@@ -47,12 +46,9 @@ class CheckResult:
         "Paths of the PNG plots among the artifacts, in folder `out`"
         return [Path(out)/v for v in self.artifacts.values() if isinstance(v, str) and v.endswith('.png')]
 
-    def _repr_markdown_(self):
-        r = self.row()
-        return f"**{r['check']}: {r['result']}** ({r['seconds']} s)\n\n{r['detail']}"
+    def _repr_markdown_(self): return f"**{self.check}: {self.result}** ({round(self.seconds, 1)} s)\n\n{self.detail}"
 
-def demo_check(title:str, # the check's name in the report
-              ):
+def demo_check(title:str): # the check's name in the report
     ("Decorator making `f(demo) -> (passed, detail, artifacts)` a check: run under the demo's CPU threads, timed, "
      "a `CheckResult` (`passed` None: skipped, the detail says why)")
     def _deco(f):
@@ -67,8 +63,7 @@ def demo_check(title:str, # the check's name in the report
     return _deco
 
 @contextmanager
-def cpu_threads(n:int|None, # torch CPU threads inside the block (None: leave as is)
-               ):
+def cpu_threads(n:int|None): # torch CPU threads inside the block (None: leave as is)
     "Run the block with `n` torch CPU threads, then put the previous count back"
     before = torch.get_num_threads()
     if n: torch.set_num_threads(n)
@@ -147,11 +142,10 @@ class Demo:
             with cpu_threads(self.threads): self._ref = self._ulmfit('A')
         return self._ref
 
-    def _classifier(self, seed:int|None=None, **kwargs) -> Learner:
+    def _classifier(self, **kwargs) -> Learner:
         "A classifier of the ULMFiT path on run A's encoder, built (`ulmfit_classifier` arguments in `kwargs`)"
         ref = self.reference
-        return ulmfit_classifier(self.df, ref.vocab, self.profile, self.seed if seed is None else seed, ref.path,
-                                 **kwargs)
+        return ulmfit_classifier(self.df, ref.vocab, self.profile, self.seed, ref.path, **kwargs)
 
     def run(self, checks:list, # the checks to run, in order (`fastrepro.demo.run.DEMO_CHECKS`: all seven)
            ) -> list:

@@ -8,14 +8,10 @@ Docs: https://fastrepro.github.io/fastrepro/jobs.html.md"""
 from __future__ import annotations
 import os, sys, json, time, signal, select, tempfile, threading, subprocess, dataclasses
 from dataclasses import dataclass
-import numpy as np, pandas as pd
 from fastai.text.all import *
-from fastai.callback.tracker import TrackerCallback, ReduceLROnPlateau
 import fastrepro
 from ..portable import DETERMINISTIC_ENV
-from ..rng import seed_everything
 from ..kernels import same_kernels_env
-from ..callback import ReproCB
 from ..fp16 import ReproMixedPrecision  # also adds `Learner.to_repro_fp16`
 from ..preempt import CheckpointCB
 from ..checkpoint import checkpoint_info, read_checkpoint
@@ -99,8 +95,7 @@ JOB_TIMEOUT_S = 900       # a job process that runs longer than this is killed a
 BEST = 'best'             # the file name of `SaveModelCallback`'s best model, with `trackers`
 
 class StopAfter(Callback):
-    ("After epoch `epoch`, end this process by SIGKILL (`how='kill'`), or save `cancel.pth` and end the fit "
-     "(`how='cancel'`)")
+    "After epoch `epoch`: SIGKILL this process (`how='kill'`), or save `cancel.pth` and end the fit (`how='cancel'`)"
     # after fastai's trackers (60-63) decided on the epoch, SaveModelCallback saved it
     order = TrackerCallback.order + 4
     def __init__(self, epoch:int, how:str='kill'): self.stop_epoch, self.how = epoch, how

@@ -7,8 +7,7 @@ Docs: https://fastrepro.github.io/fastrepro/demo.html.md"""
 # %% ../../nbs/16_demo.ipynb #857bdd2f
 from __future__ import annotations
 import sys, json, time, shutil, signal, warnings, shlex, multiprocessing
-from contextlib import contextmanager
-from functools import partial
+from contextlib import nullcontext
 from fastai.text.all import *
 # also adds `Learner.to_repro_fp16`, `loss_scale_history`, `plot_loss_scale`
 from ..fp16 import ReproMixedPrecision
@@ -44,12 +43,10 @@ EXIT_FAILED = 1          # exit code of `fastrepro demo` when a check fails
 # %% ../../nbs/16_demo.ipynb #e9256889
 @demo_check('same seed, same bits')
 def check_same_seed(demo:Demo):
-    ("Check 1: two runs of the whole ULMFiT path with one seed (the second with stray draws before training) "
-     "are bit-identical")
+    "Check 1: two runs of the whole ULMFiT path with one seed (the second with stray draws first) are bit-identical"
     a, b = demo._steps([('run A', lambda: demo.reference),
                         ('run B (stray draws first)', lambda: demo._ulmfit('B', disturb=True))])
-    ok_lm, why_lm = same_run(a.lm, b.lm)
-    ok_clas, why_clas = same_run(a.clas, b.clas)
+    (ok_lm, why_lm), (ok_clas, why_clas) = same_run(a.lm, b.lm), same_run(a.clas, b.clas)
     fig = plot_losses({'run A': a.clas, 'run B': b.clas}, 'classifier: per-batch losses of two runs with one seed')
     arts = dict(plot=demo._plot(fig, 'same_seed'), lm_sha256=[a.lm.digest, b.lm.digest],
                 classifier_sha256=[a.clas.digest, b.clas.digest])
@@ -78,8 +75,7 @@ def check_resume(demo:Demo):
                             (resumed2, 0, 'resumed')):
         if p.returncode != status: return False, f"A process was not {what} ({job_error(p)})", {}
     info, inside = (checkpoint_info(path/'models'/f'{c}.pth') for c in (ck, 'checkpoint'))
-    ok, why = same_run(ref.clas, RunRecord.load(path/f'resumed-{ck}.pt'))
-    ok2, why2 = same_run(ref.clas, RunRecord.load(path/'resumed-checkpoint.pt'))
+    (ok, why), (ok2, why2) = (same_run(ref.clas, RunRecord.load(path/f'resumed-{c}.pt')) for c in (ck, 'checkpoint'))
     git = info['git']
     code = f"commit {git['commit'][:8]}{' + patch' if git['dirty'] else ''}" if git and git['commit'] else 'no commit'
     detail = (f"Killed by SIGKILL after epoch {info['start_epoch']} (checkpoint: seed {info['seed']}, "
@@ -96,8 +92,7 @@ def check_resume(demo:Demo):
 @demo_check('fp16 loss scale')
 def check_fp16(demo:Demo):
     "Check 3: float16 training records every step's loss scale and overflow, plots it, and saves it with the checkpoint"
-    learn = demo._classifier()
-    learn.to_repro_fp16(init_scale=FP16_INIT_SCALE, growth_interval=FP16_GROWTH_INTERVAL)
+    learn = demo._classifier().to_repro_fp16(init_scale=FP16_INIT_SCALE, growth_interval=FP16_GROWTH_INTERVAL)
     on_cpu = learn.dls.device.type == 'cpu'
     stages = [Stage(0, FP16_CPU_EPOCHS, demo.profile.clas_lr)] if on_cpu else clas_stages(demo.profile)
     demo._steps([(f'classifier in float16, {stages_text(stages)}', lambda: fit_stages(learn, stages))])
@@ -119,8 +114,7 @@ def check_fp16(demo:Demo):
 
 # %% ../../nbs/16_demo.ipynb #7af3f292
 class StrayDraw(Callback):
-    ("Draw one random number from torch's generator just before training iteration `at` of every fit: "
-     "a hidden side effect")
+    "Draw a random number from torch's generator just before training iteration `at` of every fit: a hidden side effect"
     def __init__(self, at:int=STRAY_ITER): self.at = at
     def before_batch(self):
         if self.training and self.train_iter == self.at: torch.rand(1)
@@ -142,9 +136,8 @@ def check_nondeterminism(demo:Demo):
     if d is None:
         return (False, f"A stray draw at iteration {STRAY_ITER} changed nothing: is dropout off, or the trace broken?",
                 arts)
-    found = ' '.join(str(d).split())
-    return ((d.fit, d.iter) == (0, STRAY_ITER), f"Stray draw before iteration {STRAY_ITER}; first_divergence: {found}",
-            arts)
+    return ((d.fit, d.iter) == (0, STRAY_ITER),
+            f"Stray draw before iteration {STRAY_ITER}; first_divergence: {' '.join(str(d).split())}", arts)
 
 # %% ../../nbs/16_demo.ipynb #56c4dcd3
 def arms() -> dict:
@@ -177,14 +170,10 @@ def _fork_pools():
      "fastai tokenizes starts processes that import fastai again (13.6 s per run of check 5 instead of 1.2 s)")
     if 'fork' in multiprocessing.get_all_start_methods(): multiprocessing.set_start_method('fork', force=True)
 
-@contextmanager
 def seed_pool(workers:int): # processes (0: none)
     "A pool of `workers` fresh processes (spawned: nothing of this process's state leaks in) for `repeat`; None for 0"
-    if not workers:
-        yield None
-        return
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context('spawn'), initializer=_fork_pools) as ex:
-        yield ex
+    if not workers: return nullcontext()
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context('spawn'), initializer=_fork_pools)
 
 @demo_check('change over seeds')
 def check_variants(demo:Demo):
@@ -226,16 +215,14 @@ def profile_table(vocab_sz:int, # the vocabulary size of the models counted
                   profiles=tuple(PROFILES), # the profiles (names or `Profile`s), one column each
                  ) -> pd.DataFrame:
     "Settings of the profiles side by side: data, AWD-LSTM size, parameters, weights and schedules"
-    rows = {}
-    for p in map(get_profile, profiles):
-        rows[p.name] = {'texts': p.n_texts or 'all', 'characters per text': p.max_chars or 'all',
-                   'LM batch x sequence': f"{p.lm_bs} x {p.seq_len}", 'classifier batch': p.clas_bs,
-                   'AWD-LSTM emb / hidden / layers': f"{p.emb_sz} / {p.n_hid} / {p.n_layers}",
-                   'classifier parameters':
-                       f"{sum(t.numel() for t in _classifier_model(p, vocab_sz, n_class).parameters()):,}",
-                   'weights': 'WT103 (pretrained)' if p.pretrained else 'from scratch',
-                   'language model': stages_text(lm_stages(p, p.pretrained)), 'classifier': stages_text(clas_stages(p))}
-    return pd.DataFrame(rows)
+    return pd.DataFrame({p.name: {
+        'texts': p.n_texts or 'all', 'characters per text': p.max_chars or 'all',
+        'LM batch x sequence': f"{p.lm_bs} x {p.seq_len}", 'classifier batch': p.clas_bs,
+        'AWD-LSTM emb / hidden / layers': f"{p.emb_sz} / {p.n_hid} / {p.n_layers}",
+        'classifier parameters': f"{sum(t.numel() for t in _classifier_model(p, vocab_sz, n_class).parameters()):,}",
+        'weights': 'WT103 (pretrained)' if p.pretrained else 'from scratch',
+        'language model': stages_text(lm_stages(p, p.pretrained)), 'classifier': stages_text(clas_stages(p))}
+        for p in map(get_profile, profiles)})
 
 def module_types(model) -> set:
     "The class names of all modules of `model`: what its architecture is made of, whatever its size"
@@ -294,7 +281,6 @@ def check_reproduce(demo:Demo):
 DEMO_CHECKS = (check_same_seed, check_resume, check_fp16, check_nondeterminism, check_variants, check_fast_loop,
                check_reproduce)
 
-# %% ../../nbs/16_demo.ipynb #9f34bdd5
 def run_demo(profile:str='fast', # 'test', 'fast' or 'full'
              n_seeds:int=N_SEEDS, # seeds per arm of check 5
              data=None, # a CSV of labelled texts; None: the IMDB sample

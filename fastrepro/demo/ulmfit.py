@@ -37,9 +37,8 @@ class Profile:
     pretrained:bool=False # start the LM from WT103 weights (needs the download; default config only)
     def awd_config(self, clas:bool=False) -> dict:
         "AWD-LSTM config of this profile (fastai's defaults with this size)"
-        cfg = dict((awd_lstm_clas_config if clas else awd_lstm_lm_config), emb_sz=self.emb_sz, n_hid=self.n_hid,
-                   n_layers=self.n_layers)
-        return cfg
+        return dict((awd_lstm_clas_config if clas else awd_lstm_lm_config), emb_sz=self.emb_sz, n_hid=self.n_hid,
+                    n_layers=self.n_layers)
 
 PROFILES = {
     'test': Profile('test', n_texts=120, max_chars=400, lm_bs=8, seq_len=24, clas_bs=8, emb_sz=32, n_hid=64,
@@ -78,42 +77,38 @@ def imdb_sample_path() -> Path:
                         f"Put fastai's imdb_sample/texts.csv in {home}/data/imdb_sample/ (or set FASTAI_HOME), "
                         "or pass your own CSV with --data.") from e
 
-def subsample(df:pd.DataFrame, n_texts:int|None, max_chars:int|None, valid_col:str='is_valid',
-              text_col:str='text') -> pd.DataFrame:
+def subsample(df:pd.DataFrame, n_texts:int|None, max_chars:int|None) -> pd.DataFrame:
     "The first rows of each split (in the split's proportion), texts cut to `max_chars`"
     if n_texts is not None and n_texts < len(df):
-        n_valid = max(1, round(n_texts * df[valid_col].mean()))
-        df = pd.concat([df[~df[valid_col]].head(n_texts - n_valid), df[df[valid_col]].head(n_valid)])
+        n_valid = max(1, round(n_texts * df[VALID_COL].mean()))
+        df = pd.concat([df[~df[VALID_COL]].head(n_texts - n_valid), df[df[VALID_COL]].head(n_valid)])
     df = df.reset_index(drop=True)
-    if max_chars is not None: df[text_col] = df[text_col].str.slice(0, max_chars)
+    if max_chars is not None: df[TEXT_COL] = df[TEXT_COL].str.slice(0, max_chars)
     return df
 
 def imdb_sample_df(profile:str|Profile='test') -> pd.DataFrame:
     "The IMDB sample's `texts.csv`, subsampled for `profile`"
     p = get_profile(profile)
-    df = pd.read_csv(imdb_sample_path()/'texts.csv')
-    return subsample(df, p.n_texts, p.max_chars)
+    return subsample(pd.read_csv(imdb_sample_path()/'texts.csv'), p.n_texts, p.max_chars)
 
-def lm_dls(df:pd.DataFrame, profile:str|Profile='test', text_col='text', valid_col='is_valid', **kwargs) -> DataLoaders:
+def lm_dls(df:pd.DataFrame, profile:str|Profile='test', **kwargs) -> DataLoaders:
     "Language-model DataLoaders (an `LMDataLoader` for training) on the texts of `df`"
     p = get_profile(profile)
-    return TextDataLoaders.from_df(df, text_col=text_col, is_lm=True, valid_col=valid_col, bs=p.lm_bs,
+    return TextDataLoaders.from_df(df, text_col=TEXT_COL, is_lm=True, valid_col=VALID_COL, bs=p.lm_bs,
                                    seq_len=p.seq_len, **kwargs)
 
-def clas_dls(df:pd.DataFrame, vocab, profile:str|Profile='test', text_col='text', label_col='label',
-             valid_col='is_valid', **kwargs) -> DataLoaders:
+def clas_dls(df:pd.DataFrame, vocab, profile:str|Profile='test', **kwargs) -> DataLoaders:
     "Classifier DataLoaders (`SortedDL`) on `df`, numericalized with the language model's `vocab`"
     p = get_profile(profile)
-    return TextDataLoaders.from_df(df, text_col=text_col, label_col=label_col, valid_col=valid_col, text_vocab=vocab,
+    return TextDataLoaders.from_df(df, text_col=TEXT_COL, label_col=LABEL_COL, valid_col=VALID_COL, text_vocab=vocab,
                                    bs=p.clas_bs, seq_len=p.seq_len, **kwargs)
 
 # %% ../../nbs/15_ulmfit.ipynb #8a984a78
 def lm_learner(dls, profile:str|Profile='test', pretrained:bool|None=None, **kwargs):
     "AWD-LSTM language model learner for `profile` (accuracy and perplexity metrics)"
     p = get_profile(profile)
-    pretrained = p.pretrained if pretrained is None else pretrained
-    return language_model_learner(dls, AWD_LSTM, config=p.awd_config(), pretrained=pretrained, drop_mult=p.drop_mult,
-                                  metrics=[accuracy, Perplexity()], **kwargs)
+    return language_model_learner(dls, AWD_LSTM, config=p.awd_config(), pretrained=ifnone(pretrained, p.pretrained),
+                                  drop_mult=p.drop_mult, metrics=[accuracy, Perplexity()], **kwargs)
 
 def clas_learner(dls, profile:str|Profile='test', **kwargs):
     "AWD-LSTM text classifier learner for `profile`"
@@ -142,10 +137,9 @@ def install_imdb_sample(csv=None, # a copy of fastai's imdb_sample/texts.csv; de
 # %% ../../nbs/15_ulmfit.ipynb #dd07b247
 def _read_csv(path:Path) -> pd.DataFrame:
     "`path` read as a CSV, every way of failing turned into a `DataError`"
-    if not path.exists():
-        raise DataError(f"{path}: no such file. Pass a CSV of labelled texts ({TEXT_COL!r} and {LABEL_COL!r} columns).")
     if not path.is_file():
-        raise DataError(f"{path} is not a file. Pass a CSV of labelled texts ({TEXT_COL!r} and {LABEL_COL!r} columns).")
+        raise DataError(f"{path}{' is not a file' if path.exists() else ': no such file'}. Pass a CSV of labelled "
+                        f"texts ({TEXT_COL!r} and {LABEL_COL!r} columns).")
     try: return pd.read_csv(path)
     except pd.errors.EmptyDataError:
         raise DataError(f"{path} is empty: the demo needs a CSV with a header row and labelled texts.") from None
@@ -214,8 +208,7 @@ def labelled_texts(data=None, # a CSV for `read_text_csv`; None: fastai's IMDB s
               profile:str|Profile='fast', # the profile whose `n_texts` and `max_chars` cut the data
               seed:int=SPLIT_SEED, # seeds the validation split of a CSV without `is_valid`
              ) -> pd.DataFrame:
-    ("Labelled texts: the CSV `data` or the IMDB sample (a project copy if there is one, else a download), "
-     "cut to `profile`'s size")
+    "Labelled texts: the CSV `data` or the IMDB sample (a project copy, else a download), cut to `profile`'s size"
     p = get_profile(profile)
     if data is not None: df = subsample(read_text_csv(data, seed), p.n_texts, p.max_chars)
     else:
@@ -234,14 +227,13 @@ def pretrained_weights(profile:str|Profile, # the profile to run
     if not p.pretrained:
         return False, (f"trained from scratch: the {p.name} profile's small AWD-LSTM (emb {p.emb_sz}, "
                        f"hidden {p.n_hid}, {p.n_layers} layers) has no pretrained weights")
-    url = URLs.WT103_FWD
-    here = fastai_path('model')/Path(urlparse(url).path).stem
+    url = urlparse(URLs.WT103_FWD)
+    here = fastai_path('model')/Path(url.path).stem
     if list(here.glob('*.pth')): return True, f"fine-tuned from fastai's WT103 weights ({here})"
-    host = urlparse(url).hostname
-    try: socket.create_connection((host, 443), timeout=timeout).close()
+    try: socket.create_connection((url.hostname, 443), timeout=timeout).close()
     except OSError as e:
-        return False, f"trained from scratch: offline, the WT103 weights could not be downloaded ({host}: {e})"
-    try: untar_data(url, c_key='model')
+        return False, f"trained from scratch: offline, the WT103 weights could not be downloaded ({url.hostname}: {e})"
+    try: untar_data(URLs.WT103_FWD, c_key='model')
     except Exception as e: return False, f"trained from scratch: the WT103 download failed ({type(e).__name__}: {e})"
     return True, "fine-tuned from fastai's WT103 weights (downloaded)"
 
@@ -307,9 +299,8 @@ def ulmfit_lm_learner(df:pd.DataFrame, # texts (`text`) and split (`is_valid`)
                       init_seed:int|None=None, # seed of the weights' initialisation (default: `seed`)
                      ) -> Learner:
     "ULMFiT's first stage, built: the AWD-LSTM language model on `df`'s texts, with `ReproCB(seed)`"
-    p = get_profile(profile)
-    seed_everything(seed if init_seed is None else init_seed)  # before the DataLoaders and the model, as a user would
-    learn = lm_learner(lm_dls(df, p, num_workers=num_workers), p, pretrained=pretrained, path=path,
+    seed_everything(ifnone(init_seed, seed))  # before the DataLoaders and the model, as a user would
+    learn = lm_learner(lm_dls(df, profile, num_workers=num_workers), profile, pretrained=pretrained, path=path,
                        cbs=[ReproCB(seed=seed, allow_dirty=True)] + list(L(cbs)))
     if disturb: stray_draws(learn)
     return learn
@@ -343,7 +334,7 @@ def ulmfit_classifier(df:pd.DataFrame, # texts, labels and split
     "ULMFiT's second stage, built: the AWD-LSTM classifier on `df`, starting from the language model's encoder"
     p = get_profile(profile)
     if drop_mult is not None: p = dataclasses.replace(p, drop_mult=drop_mult)
-    seed_everything(seed if init_seed is None else init_seed)
+    seed_everything(ifnone(init_seed, seed))
     learn = clas_learner(clas_dls(df, vocab, p, num_workers=num_workers), p, path=path, wd=wd,
                          cbs=[ReproCB(seed=seed, allow_dirty=True)] + list(L(cbs)))
     learn.load_encoder(ENCODER)
