@@ -92,7 +92,8 @@ class Demo:
         workers:int=0, # processes that train check 5's seeds side by side (0: one after another in this process)
     ):
         store_attr('n_seeds,data,seed,threads,progress,workers')
-        self.profile, self.out = get_profile(profile), Path(out)
+        # absolute: check 7's re-run runs in a rebuilt worktree, where a relative `out` (the default) names nothing
+        self.profile, self.out = get_profile(profile), Path(os.path.abspath(out))
         if workers < 0: raise ValueError(f"workers={workers}: give a number of processes, or 0 to run here.")
         if n_seeds < 2:
             raise ValueError(f"n_seeds={n_seeds}: comparing over seeds needs at least 2 per arm (better {MIN_SEEDS}).")

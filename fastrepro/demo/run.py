@@ -281,6 +281,7 @@ def check_reproduce(demo:Demo):
 DEMO_CHECKS = (check_same_seed, check_resume, check_fp16, check_nondeterminism, check_variants, check_fast_loop,
                check_reproduce)
 
+# %% ../../nbs/16_demo.ipynb #9f34bdd5
 def run_demo(profile:str='fast', # 'test', 'fast' or 'full'
              n_seeds:int=N_SEEDS, # seeds per arm of check 5
              data=None, # a CSV of labelled texts; None: the IMDB sample
