@@ -311,7 +311,7 @@ def _drawless_tfms() -> tuple:
 def steps_draw(dl) -> bool:
     ("Can a step of `dl` (making a batch, `after_batch`) draw random numbers? "
      "False only for fastai's text and tabular loaders made of `_drawless_tfms`")
-    return not _as_shipped(dl) or any(type(f) not in _drawless_tfms() for f in _tfms(dl))
+    return not _as_shipped(dl) or not {type(f) for f in _tfms(dl)} <= set(_drawless_tfms())
 
 def make_deterministic(dls, # a `DataLoaders`, one `DataLoader`, or a list of them
                        seed:int, # the run seed

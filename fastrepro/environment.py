@@ -73,7 +73,9 @@ def environment_info() -> dict:
 def _flat(d:dict, prefix='') -> dict:
     "`d` with nested dicts flattened into dotted keys"
     res = {}
-    for k,v in d.items(): res.update(_flat(v, f'{prefix}{k}.') if isinstance(v, dict) else {f'{prefix}{k}': v})
+    for k,v in d.items():
+        if isinstance(v, dict): res.update(_flat(v, f'{prefix}{k}.'))
+        else: res[f'{prefix}{k}'] = v
     return res
 
 def env_diff(a:dict, # an `environment_info()` result (e.g. from a checkpoint)

@@ -24,7 +24,7 @@ from .trace import RunRecord, same_run
 from .passes import LOADER_DIFFERENCES, loader_differences, foreign_fastai
 from .audit import NondeterminismError, audit_switches, audit_model, fix_rnn_dropout
 from .environment import environment_info
-from .store import SELFTEST
+from .store import SELFTEST, _one_line
 from .ledger import Ledger
 
 # %% auto #0
@@ -139,7 +139,7 @@ LABELS = dict(lm="a language model's LMDataLoader", clas="a text classifier's So
               tfmd="a TfmdDL with random augmentation", tabular="a tabular TabWeightedDL")
 RESUME_INIT = 1000  # a resuming process draws its initial weights from another seed: the checkpoint must replace them
 
-def _one_line(e:BaseException) -> str: return f"{type(e).__name__}: {' '.join(str(e).split())}"[:300]
+def _error_line(e:BaseException) -> str: return f"{type(e).__name__}: {_one_line(e)}"[:300]
 
 def _record(learn:Learner, folder:Path, name:str): RunRecord.of(learn).save(folder/'records'/f'{name}.pt')
 
@@ -186,7 +186,7 @@ def _stage_resume(folder:Path, log:dict):
 def _step(log:dict, name:str, f, *args, **kwargs):
     "Run one step; what it returned, or the error it raised, in `log[name]`"
     try: log[name] = dict(result=f(*args, **kwargs))
-    except Exception as e: log[name] = dict(error=_one_line(e))
+    except Exception as e: log[name] = dict(error=_error_line(e))
 
 # %% ../nbs/19_proof.ipynb #9f4b120d
 def _compared(folder:Path, log:dict, a:str, b:str, differ:bool=False) -> tuple:
@@ -257,7 +257,7 @@ def stack() -> dict:
 def _generators_problem() -> str|None:
     "Why this process has no CPU generator to seed and restore, or None"
     try: torch.default_generator.set_state(torch.default_generator.get_state()); np.random.get_state()
-    except Exception as e: return f"torch's CPU generator cannot be read and restored ({_one_line(e)})"
+    except Exception as e: return f"torch's CPU generator cannot be read and restored ({_error_line(e)})"
 
 def run_stage(stage:str, folder:str):
     "One check process: `stage` 'train' or 'resume', its log (and, after 'resume', the checks) in `folder`"
