@@ -25,11 +25,15 @@ class ComparisonWarning(UserWarning):
 
 _ALTERNATIVES = {'two-sided': 'two-sided', 'greater': 'better', 'better': 'better', 'less': 'worse', 'worse': 'worse'}
 
-def _scipy_alternative(alternative:str, higher_is_better:bool) -> str:
-    "The scipy `alternative` of `ttest_ind(experiment, baseline)` for 'better'/'worse' in the metric's sense"
+def _alternative(alternative:str) -> str:
+    "'two-sided', 'better' or 'worse': what the user's `alternative` asks; a ValueError for anything else"
     if alternative not in _ALTERNATIVES:
         raise ValueError(f"alternative={alternative!r} is not one of {list(_ALTERNATIVES)}")
-    alt = _ALTERNATIVES[alternative]
+    return _ALTERNATIVES[alternative]
+
+def _scipy_alternative(alternative:str, higher_is_better:bool) -> str:
+    "The scipy `alternative` of `ttest_ind(experiment, baseline)` for 'better'/'worse' in the metric's sense"
+    alt = _alternative(alternative)
     if alt == 'two-sided': return alt
     return 'greater' if (alt == 'better') == higher_is_better else 'less'
 
@@ -153,10 +157,10 @@ def seed_power(n:int, # seeds per arm
                alternative:str='two-sided', # 'two-sided' or one-sided as the effect ('greater'/'less'/'better'/'worse')
               ) -> float|np.ndarray:
     "Probability that a Student t-test with `n` seeds per arm detects a true difference `effect`"
-    _scipy_alternative(alternative, True)  # a ValueError where `alternative` is not one of `_ALTERNATIVES`
+    two_sided = _alternative(alternative) == 'two-sided'
     n = np.asarray(n, dtype=float)
     dof, ncp = 2*n - 2, abs(effect)/sd * np.sqrt(n/2)
-    if alternative == 'two-sided':
+    if two_sided:
         crit = sst.t.ppf(1 - alpha/2, dof)
         return sst.nct.sf(crit, dof, ncp) + sst.nct.cdf(-crit, dof, ncp)
     return sst.nct.sf(sst.t.ppf(1 - alpha, dof), dof, ncp)
