@@ -207,8 +207,8 @@ def machine_info(threads:int) -> dict:
     """What a run of the benchmarks ran on: fastrepro's own `environment_info` (versions, CPU, GPUs, threads, switches)
     and `git_info` of this checkout, plus what timings need (date, logical CPUs, threads, load average)"""
     import torch
-    from fastrepro.environment import environment_info
-    from fastrepro.provenance import git_info
+    from fastrepro.state.environment import environment_info
+    from fastrepro.record.provenance import git_info
     date = datetime.datetime.now().astimezone().isoformat(timespec='seconds')
     return dict(environment_info(), git=git_info(ROOT), date=date, logical_cpus=os.cpu_count(), bench_threads=threads,
                 interop_threads=torch.get_num_interop_threads(), load_avg_start=os.getloadavg())

@@ -16,7 +16,7 @@ SIZE_TARGET_KB = 8   # "plus a few kilobytes"
 
 
 def _save_note() -> str:
-    import fastrepro.checkpoint as ck
+    import fastrepro.state.checkpoint as ck
     durable = getattr(ck, 'DURABLE', True)
     return ("fastrepro writes atomically (temporary file, atomic swap)"
             f"{', with an fsync before the rename' if durable else '; no fsync (DURABLE=False)'}")
@@ -64,7 +64,7 @@ def _size_row(task, path, files, plain, repro, cb, cfg) -> Row:
 
 
 def run(cfg:Config) -> list:
-    from fastrepro.callback import ReproCB
+    from fastrepro.callback.repro import ReproCB
     from fastrepro.demo.ulmfit import lm_learner, clas_learner
     lm, clas = text_data(cfg.larger)
     from fastai.callback.training import ShortEpochCallback

@@ -22,7 +22,7 @@ MODES = {None: 'per_item=None (ReproCB default)', True: 'per_item=True'}
 
 
 def run(cfg:Config) -> list:
-    from fastrepro.data import make_deterministic, data_streams
+    from fastrepro.state.data import make_deterministic, data_streams
     lm, clas = text_data(cfg.larger)
     rows, reps = [], max(cfg.reps, 3 if cfg.quick else 15)  # passes are short: more rounds are cheap
     for task, dls in [('LM', lm), ('classifier', clas)]:

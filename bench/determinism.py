@@ -12,8 +12,8 @@ from ._common import *
 
 def run(cfg:Config) -> list:
     import torch
-    from fastrepro.rng import seed_everything
-    from fastrepro.kernels import deterministic_switches, set_switches
+    from fastrepro.state.rng import seed_everything
+    from fastrepro.state.kernels import deterministic_switches, set_switches
     from fastrepro.demo.ulmfit import lm_learner, clas_learner
     lm, clas = text_data(cfg.prof)
     rows = []

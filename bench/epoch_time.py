@@ -26,7 +26,7 @@ def run(cfg:Config) -> list:
 def measure(cfg:Config, prof, reps:int, cb_kwargs:dict|None=None, name='1 epoch', control:bool=False) -> list:
     """Interleaved one-epoch fits of plain fastai and ReproCB learners; `control` adds a second plain fastai learner
     (an A/A comparison: the noise floor of this machine for the same rounds)"""
-    from fastrepro.callback import ReproCB
+    from fastrepro.callback.repro import ReproCB
     from fastrepro.demo.ulmfit import lm_learner, clas_learner
     lm, clas = text_data(prof)
     rows = []

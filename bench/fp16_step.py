@@ -23,7 +23,7 @@ def stock_cpu_mp(onednn_off:bool=False):
     import torch
     from torch.amp import autocast, GradScaler
     from fastai.callback.fp16 import MixedPrecision
-    from fastrepro.fp16 import onednn_enabled, set_onednn
+    from fastrepro.callback.fp16 import onednn_enabled, set_onednn
     class CPUMixedPrecision(MixedPrecision):
         def before_fit(self):
             import warnings
@@ -54,7 +54,7 @@ def _mlp_learner(n, cbs):
 
 
 def run(cfg:Config) -> list:
-    from fastrepro.fp16 import ReproMixedPrecision
+    from fastrepro.callback.fp16 import ReproMixedPrecision
     from fastrepro.demo.ulmfit import clas_learner
     from fastrepro.demo.ulmfit import get_profile
     prof = cfg.prof if cfg.quick else get_profile(LSTM_PROFILE)  # CPU float16 LSTMs are slow: the small profile

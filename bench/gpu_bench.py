@@ -68,13 +68,13 @@ def main(argv=None) -> int:
         return 0
     only = [o.strip() for o in a.only.split(',') if o.strip()] or list(COMPARISONS)
     warnings.filterwarnings('ignore')
-    from fastrepro.rng import seed_everything
-    from fastrepro.kernels import deterministic_switches, set_switches
+    from fastrepro.state.rng import seed_everything
+    from fastrepro.state.kernels import deterministic_switches, set_switches
     seed_everything(SEED, deterministic=False)  # sets CUBLAS_WORKSPACE_CONFIG before any CUDA work
     import pandas as pd
     from fastai.callback.fp16 import MixedPrecision
-    from fastrepro.callback import ReproCB
-    from fastrepro.fp16 import ReproMixedPrecision
+    from fastrepro.callback.repro import ReproCB
+    from fastrepro.callback.fp16 import ReproMixedPrecision
     from fastrepro.demo.ulmfit import (install_imdb_sample, imdb_sample_path, subsample, lm_dls, clas_dls, lm_learner,
                                   clas_learner)
     cuda = torch.cuda.is_available() and not a.cpu

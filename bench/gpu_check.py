@@ -94,7 +94,7 @@ def scale_text(rec) -> str:
 
 def compare(ref, rec) -> tuple:
     "(same, one line): `same_run`'s verdict on `rec` against `ref` (weights, losses, metrics, loss scales), its scales"
-    from fastrepro.trace import same_run
+    from fastrepro.record.trace import same_run
     ok, why = same_run(ref, rec)
     return ok, f"{'same' if ok else 'DIFFER'}: {why}; {scale_text(rec)}"
 
@@ -102,8 +102,8 @@ def compare(ref, rec) -> tuple:
 def harness_checks(args, prof, df, out:Path, env:dict) -> list:
     "Checks 1 and 2: fp16 classifier jobs, each stage a fresh process"
     from fastrepro.demo.jobs import Job, job_process, job_error
-    from fastrepro.trace import RunRecord
-    from fastrepro.checkpoint import checkpoint_info
+    from fastrepro.record.trace import RunRecord
+    from fastrepro.state.checkpoint import checkpoint_info
     from fastrepro.demo.ulmfit import Stage, lm_dls
     t0 = time.time()
 
@@ -154,8 +154,8 @@ def rnn_dropout_check(seed:int, device:str='cuda') -> bool:
     "Check 3: cuDNN's RNN dropout is found, can be accepted, and its fix makes two runs the same"
     import torch
     from torch import nn
-    from fastrepro.rng import seed_everything
-    from fastrepro.audit import audit_model, fix_rnn_dropout, NondeterminismError, NondeterminismWarning
+    from fastrepro.state.rng import seed_everything
+    from fastrepro.state.audit import audit_model, fix_rnn_dropout, NondeterminismError, NondeterminismWarning
 
     class Net(nn.Module):
         def __init__(self):
@@ -199,7 +199,7 @@ def rnn_dropout_check(seed:int, device:str='cuda') -> bool:
 CUBLAS_PROBE = '''
 import os, sys, json, warnings
 import torch
-from fastrepro.rng import seed_everything
+from fastrepro.state.rng import seed_everything
 res = dict(env_at_start=os.environ.get('CUBLAS_WORKSPACE_CONFIG'), cuda_initialised_before=torch.cuda.is_initialized())
 with warnings.catch_warnings(record=True) as w:
     warnings.simplefilter('always')
@@ -224,7 +224,7 @@ def switches_check(seed:int, device:str='cuda') -> bool:
     "Check 4: an op without a deterministic CUDA kernel raises (or warns); CUBLAS_WORKSPACE_CONFIG before CUDA"
     import torch
     from torch import nn
-    from fastrepro.kernels import set_deterministic
+    from fastrepro.state.kernels import set_deterministic
 
     def step():
         torch.manual_seed(seed)
@@ -270,7 +270,7 @@ def main():
     if args.epochs < STOP_EPOCH + 2:
         sys.exit(f"--epochs must be at least {STOP_EPOCH + 2} to resume after epoch {STOP_EPOCH}")
     t0 = time.time()
-    from fastrepro.rng import seed_everything
+    from fastrepro.state.rng import seed_everything
     seed_everything(args.seed)  # before any CUDA work: it also sets CUBLAS_WORKSPACE_CONFIG
     import pandas as pd
     from fastrepro.demo.ulmfit import install_imdb_sample, imdb_sample_path, get_profile, subsample

@@ -1,10 +1,11 @@
 """Benchmark 5: the run ledger, on both backends: an SQLite file and a PostgreSQL server on 127.0.0.1 (a throwaway
-one, `fastrepro.store.local_postgres`, with the server's durable defaults). Absolute numbers (fastai has no ledger):
+one, `fastrepro.experiments.store.local_postgres`, with the server's durable defaults). Absolute numbers (fastai has
+no ledger):
 - one writer: `Ledger.add` of N run records like the ones ReproCB writes (environment, hyperparameters, metrics);
 - 4 concurrent writers: 4 processes adding N/4 records each to one ledger, started together;
 - one fit's bookkeeping: `add` (status 'running') then `update` (metrics, 'completed'), as ReproCB does per fit;
 - `Ledger.runs()` of all runs, `Ledger.compare` of 500 baseline against 500 experiment runs (1,000 runs), and
-  `fastrepro.stats.compare` on the same two arrays of numbers.
+  `fastrepro.experiments.stats.compare` on the same two arrays of numbers.
 Every commit is durable (SQLite: WAL, synchronous=FULL; PostgreSQL: fsync and synchronous_commit on), so the insert
 rate is bounded by the disk's fsync time; a server ledger also opens a connection per operation (no pool: a Ledger is
 its address, so it pickles to worker processes)."""
@@ -29,7 +30,7 @@ def _record(i:int, env:dict) -> dict:
 
 def _writer(address, first:int, n:int, env:dict, barrier, q):
     "Process body: wait for the others, then add `n` records; report the elapsed time"
-    from fastrepro.ledger import Ledger
+    from fastrepro.experiments.ledger import Ledger
     led = Ledger(address)
     recs = [_record(i, env) for i in range(first, first + n)]
     barrier.wait()
@@ -40,7 +41,7 @@ def _writer(address, first:int, n:int, env:dict, barrier, q):
 
 def _addresses(folder:Path, stack:ExitStack) -> dict:
     "Backend name -> a function giving the address of a new, empty ledger of that name"
-    from fastrepro.store import local_postgres, postgres_bin
+    from fastrepro.experiments.store import local_postgres, postgres_bin
     res = {'sqlite': lambda name: folder/f'{name}.db'}
     if postgres_bin() is None: return res
     url = stack.enter_context(local_postgres())
@@ -55,8 +56,8 @@ def _addresses(folder:Path, stack:ExitStack) -> dict:
 def _backend(name:str, new, n:int, env:dict, cfg:Config) -> list:
     "The rows of one backend; `new(name)` gives the address of a new ledger"
     import numpy as np
-    from fastrepro.ledger import Ledger
-    from fastrepro.stats import compare
+    from fastrepro.experiments.ledger import Ledger
+    from fastrepro.experiments.stats import compare
     bench, rows = f'5 ledger ({name})', []
 
     # one writer: the ledger that `compare` reads afterwards
@@ -108,7 +109,7 @@ def _backend(name:str, new, n:int, env:dict, cfg:Config) -> list:
 
 
 def run(cfg:Config) -> list:
-    from fastrepro.environment import environment_info
+    from fastrepro.state.environment import environment_info
     n = QUICK_RUNS if cfg.quick else N_RUNS
     env = environment_info()
     folder = cfg.out/'ledgers'; folder.mkdir(parents=True, exist_ok=True)

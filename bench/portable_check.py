@@ -34,11 +34,11 @@ VARIANTS = {
 def worker(inprocess:bool):
     "Train run A of the demo's 'test' profile here; print one JSON line"
     if inprocess:
-        from fastrepro.kernels import set_portable
+        from fastrepro.state.kernels import set_portable
         set_portable()  # first, before any tensor work: what `seed_everything(seed, portable=True)` at the top does
     from fastrepro.demo.core import Demo
-    from fastrepro.environment import cpu_kernels
-    from fastrepro.kernels import portable_problems
+    from fastrepro.state.environment import cpu_kernels
+    from fastrepro.state.kernels import portable_problems
     import torch
     t0, c0 = time.perf_counter(), time.process_time()  # the training, not the imports
     demo = Demo('test', out=tempfile.mkdtemp(prefix='portable_check_'), progress=False)

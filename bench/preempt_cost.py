@@ -38,8 +38,8 @@ def _row(cfg:Config, res:dict, a, b, case:str, unit:str='s', scale:float=1.0, **
 
 def overhead(cfg:Config) -> list:
     "Epoch times of plain fastai, ReproCB alone (twice: the A/A control), ReproCB with a CheckpointCB that never saves"
-    from fastrepro.callback import ReproCB
-    from fastrepro.preempt import CheckpointCB
+    from fastrepro.callback.repro import ReproCB
+    from fastrepro.callback.preempt import CheckpointCB
     from fastrepro.demo.ulmfit import lm_learner
     lm, _ = text_data(cfg.prof)
     repro = lambda: ReproCB(seed=SEED, allow_dirty=True)
@@ -68,8 +68,8 @@ def overhead(cfg:Config) -> list:
 
 def own_events(cfg:Config, lm, epoch_s:float) -> Row:
     "The time CheckpointCB's own events (not saving) take in one-epoch fits, per training iteration and in all"
-    from fastrepro.callback import ReproCB
-    from fastrepro.preempt import CheckpointCB
+    from fastrepro.callback.repro import ReproCB
+    from fastrepro.callback.preempt import CheckpointCB
     from fastrepro.demo.ulmfit import lm_learner
     class ClockedCheckpointCB(CheckpointCB):
         "CheckpointCB that adds up the time its events take"
@@ -96,7 +96,7 @@ def own_events(cfg:Config, lm, epoch_s:float) -> Row:
 def _save_at(iters:dict):
     "A callback that saves the learner (`learn.save`, as CheckpointCB does) after training iterations `iters` (-> name)"
     from fastai.callback.core import Callback
-    from fastrepro.preempt import CheckpointCB
+    from fastrepro.callback.preempt import CheckpointCB
     class SaveAt(Callback):
         order = CheckpointCB.order
         def after_batch(self):
@@ -119,7 +119,7 @@ def _first_batch_clock():
 
 def resume_latency(cfg:Config) -> list:
     "Load and fit to the first trained batch, from checkpoints written at POSITIONS of an epoch; a fresh fit for scale"
-    from fastrepro.callback import ReproCB
+    from fastrepro.callback.repro import ReproCB
     from fastrepro.demo.ulmfit import lm_learner
     prof = dataclasses.replace(cfg.prof, name=f'{cfg.prof.name}, lm_bs={RESUME_BS}', lm_bs=RESUME_BS)
     lm, _ = text_data(prof)
@@ -164,8 +164,8 @@ def resume_latency(cfg:Config) -> list:
 def periodic_save(cfg:Config) -> list:
     "In one fit: CheckpointCB's periodic writes against `learn.save` of the same learner half-way between them"
     from fastai.callback.core import Callback
-    from fastrepro.callback import ReproCB
-    from fastrepro.preempt import CheckpointCB
+    from fastrepro.callback.repro import ReproCB
+    from fastrepro.callback.preempt import CheckpointCB
     from fastrepro.demo.ulmfit import lm_learner
     lm, _ = text_data(cfg.larger)
     n_iter = len(lm.train)

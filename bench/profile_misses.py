@@ -26,7 +26,7 @@ def say(*a):
 
 def section_epoch(cfg):
     import torch
-    from fastrepro.callback import ReproCB
+    from fastrepro.callback.repro import ReproCB
     from fastrepro.demo.ulmfit import lm_learner, clas_learner
     prof = profile('test')
     lm, clas = text_data(prof)
@@ -60,7 +60,7 @@ def section_epoch(cfg):
 
 def section_step(cfg):
     import torch
-    from fastrepro.kernels import set_deterministic, set_switches
+    from fastrepro.state.kernels import set_deterministic, set_switches
     from fastrepro.demo.ulmfit import lm_learner, clas_learner
     lm, clas = text_data(cfg.prof)
     say('\n## step: one training step, CPU time, deterministic switches off / on / on without the NaN fill')
@@ -87,7 +87,7 @@ def section_step(cfg):
 
 
 def section_data(cfg):
-    from fastrepro.data import make_deterministic, data_streams
+    from fastrepro.state.data import make_deterministic, data_streams
     lm, clas = text_data(cfg.prof)
     say('\n## data: fastrepro functions during deterministic passes (cProfile; own time per batch)')
     for task, dls in [('LM', lm), ('classifier', clas)]:
@@ -112,7 +112,7 @@ def section_data(cfg):
 
 
 def section_setup(cfg):
-    from fastrepro.callback import ReproCB
+    from fastrepro.callback.repro import ReproCB
     from fastrepro.demo.ulmfit import clas_learner
     _, clas = text_data(cfg.prof)
     learn = clas_learner(clas, cfg.prof, cbs=ReproCB(seed=SEED, allow_dirty=True))
@@ -135,8 +135,8 @@ def section_setup(cfg):
 
 def section_checkpoint(cfg):
     import torch
-    import fastrepro.checkpoint as ck
-    from fastrepro.callback import ReproCB
+    import fastrepro.state.checkpoint as ck
+    from fastrepro.callback.repro import ReproCB
     from fastrepro.demo.ulmfit import clas_learner
     _, clas = text_data(cfg.prof)
     path = Path(tempfile.mkdtemp(prefix='bench_ck'))
@@ -168,7 +168,7 @@ def section_checkpoint(cfg):
         'fastai save': lambda: plain.save('p'), 'fastrepro save': lambda: repro.save('r'),
         'checkpoint_state(learn) alone': lambda: ck.checkpoint_state(repro),
         '  of which the trace state_dict': lambda: repro.repro_cb.trace.state_dict(),
-        '  of which rng_states()': lambda: __import__('fastrepro.rng', fromlist=['x']).rng_states(),
+        '  of which rng_states()': lambda: __import__('fastrepro.state.rng', fromlist=['x']).rng_states(),
         'fastai: torch.save to memory': lambda: to_bytes(plain, False),
         'fastrepro: checkpoint_state + torch.save to memory': lambda: to_bytes(repro, True),
         'fastai load': lambda: plain.load('p'), 'fastrepro load': lambda: repro.load('r'),
@@ -210,7 +210,7 @@ def section_spy(cfg):
     if spy is None: say('\n## spy: py-spy is not installed (pip install py-spy); skipped'); return
     raw = Path(tempfile.mkdtemp(prefix='bench_spy'))/'raw.txt'
     code = ("from bench._common import *; setup(1)\n"  # run in ROOT: `python -c` puts it first on the module path
-            f"from fastrepro.callback import ReproCB; from fastrepro.demo.ulmfit import lm_learner, get_profile\n"
+            f"from fastrepro.callback.repro import ReproCB; from fastrepro.demo.ulmfit import lm_learner, get_profile\n"
             f"p = get_profile({cfg.profile!r}); lm, _ = text_data(p)\n"
             f"l = lm_learner(lm, p, cbs=ReproCB(seed=1, allow_dirty=True)); quiet_fit(l); quiet_fit(l, 2)\n")
     subprocess.run([spy, 'record', '-r', '200', '-f', 'raw', '-o', str(raw), '--', sys.executable, '-c', code],

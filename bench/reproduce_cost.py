@@ -33,7 +33,7 @@ def main(argv=None):
     p.add_argument('--rounds', type=int, default=3, help='reproductions timed (median reported)')
     p.add_argument('--segments', action='store_true', help='also time reproduce_segments on 1 and 2 workers')
     args = p.parse_args(argv)
-    from fastrepro.reproduce import reproduce, reproduce_segments, segments_verdict
+    from fastrepro.check.reproduce import reproduce, reproduce_segments, segments_verdict
     env = {**os.environ, 'PYTHONPATH': os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]),
            'OMP_NUM_THREADS': '1'}
     os.environ.update(PYTHONPATH=env['PYTHONPATH'])

@@ -1,9 +1,9 @@
 """Benchmark 9: what a resume's own checks cost, on fastai's tabular learner with its default loader (`TabWeightedDL`,
 whose own `get_idxs` fastrepro once failed to see: a resume inside an epoch served the whole epoch again).
 
-- Every pass, fastrepro keeps the order the loader serves and counts its batches (`fastrepro.data.ServedPass`): that
-  is inside every epoch timed here. The epoch of ReproCB + CheckpointCB (not saving) against plain fastai is given for
-  context.
+- Every pass, fastrepro keeps the order the loader serves and counts its batches (`fastrepro.state.data.ServedPass`):
+  that is inside every epoch timed here. The epoch of ReproCB + CheckpointCB (not saving) against plain fastai is given
+  for context.
 - A checkpoint written inside an epoch records the pass (`pass_position`: a digest of its whole order) and draws the
   order again to check that it can be resumed (`pass_problem`); both are computed once per pass, at the first such
   checkpoint. A resumed fit compares the pass it serves with that record before its first batch
@@ -29,11 +29,11 @@ def frame(n:int):
 
 def run(cfg:Config) -> list:
     from fastai.tabular.all import TabularDataLoaders, tabular_learner, Categorify, Normalize, accuracy, Callback
-    from fastrepro.callback import ReproCB
-    from fastrepro.preempt import CheckpointCB
-    from fastrepro.rng import seed_everything
-    from fastrepro.data import data_streams
-    from fastrepro.passes import pass_position, resumed_pass_differs
+    from fastrepro.callback.repro import ReproCB
+    from fastrepro.callback.preempt import CheckpointCB
+    from fastrepro.state.rng import seed_everything
+    from fastrepro.state.data import data_streams
+    from fastrepro.state.passes import pass_position, resumed_pass_differs
     n = QUICK_ROWS if cfg.quick else N_ROWS
     df = frame(n)
 

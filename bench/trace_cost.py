@@ -11,7 +11,7 @@ INTERVALS = (1, 10, 100)   # and 0 (off)
 
 def run(cfg:Config) -> list:
     import torch
-    from fastrepro.callback import ReproCB, TRACE_EVERY
+    from fastrepro.callback.repro import ReproCB, TRACE_EVERY
     from fastrepro.demo.ulmfit import lm_learner
     lm, _ = text_data(cfg.prof)
     learners = {}

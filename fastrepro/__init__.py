@@ -1,6 +1,6 @@
 __version__ = "0.1.0"
 
 def selftest(**kwargs):
-    "Check fastrepro's guarantees on this installation and hardware (`fastrepro.proof.selftest`); its `Selftest`"
-    from .proof import selftest as run  # imports fastai: only when called
+    "Check fastrepro's guarantees on this installation and hardware (`fastrepro.check.proof.selftest`); its `Selftest`"
+    from .check.proof import selftest as run  # imports fastai: only when called
     return run(**kwargs)

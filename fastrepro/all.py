@@ -9,33 +9,36 @@ __all__ = []
 
 # %% ../nbs/99_all.ipynb #db03c2a0
 # modules a user calls nothing of, imported so that every patch applies (`core`: Learner.fit; `distrib`: DistributedDL)
-from . import core, resume, distrib
-from .rng import seed_everything, derive_seed, rng_states, restore_rng_states
-from .portable import portable_env
-from .kernels import set_deterministic, deterministic_switches, set_switches
-from .kernels import set_portable, restore_portable, portable_problems
-from .checkpoint import CheckpointError, ResumeError, checkpoint_info, read_checkpoint, atomic_torch_save
-from .checkpoint import checkpoint_summary, checkpoint_upgrade, CheckpointWriteError
-from .callback import ReproCB, UnseededStartWarning
-from .preempt import CheckpointCB
-from .data import make_deterministic, undo_deterministic, set_epoch
-from .passes import pass_problem, loader_differences, FastaiMismatchWarning
-from .fp16 import ReproMixedPrecision  # also Learner.to_repro_fp16, loss_scale_history, plot_loss_scale
-from .audit import NondeterminismError, NondeterminismWarning, audit_model, audit_switches, fix_rnn_dropout
-from .trace import first_divergence, save_trace, load_trace, state_digest, RunRecord, same_run, plot_losses
-from .provenance import DirtyTreeError, ProvenanceWarning, RankMismatchError
-from .provenance import git_info, git_patch, check_clean, run_provenance
-from .environment import environment_info, env_diff
-from .entry import entry_point, cells_script, cells_notebook, write_cells
-from .store import LedgerError
-from .spool import Spool, LedgerWarning
-from .ledger import Ledger, metrics_frame, metric_column
-from .record import FitRecord
-from .stats import compare, ablation, seeds_needed, seed_power, cohens_d, hedges_g, ComparisonWarning
-from .sweep import repeat, pinned, SweepError, WorkerError
-from .reproduce import reproduce
-from .verdict import Reproduction
-from .rebuild import ReproduceError
+from .state import core, resume, distrib
+from .state.rng import seed_everything, derive_seed, rng_states, restore_rng_states
+from .state.portable import portable_env
+from .state.kernels import set_deterministic, deterministic_switches, set_switches
+from .state.kernels import set_portable, restore_portable, portable_problems
+from .state.checkpoint import CheckpointError, ResumeError, checkpoint_info, read_checkpoint, atomic_torch_save
+from .state.checkpoint import checkpoint_summary, checkpoint_upgrade, CheckpointWriteError
+from .callback.repro import ReproCB, UnseededStartWarning
+from .callback.preempt import CheckpointCB
+from .state.data import make_deterministic, undo_deterministic, set_epoch
+from .state.passes import pass_problem, loader_differences, FastaiMismatchWarning
+from .callback.fp16 import ReproMixedPrecision  # also Learner.to_repro_fp16, loss_scale_history, ...
+from .state.audit import NondeterminismError, NondeterminismWarning
+from .state.audit import audit_model, audit_switches, fix_rnn_dropout
+from .record.trace import first_divergence, save_trace, load_trace, state_digest
+from .record.trace import RunRecord, same_run, plot_losses
+from .record.provenance import DirtyTreeError, ProvenanceWarning, RankMismatchError
+from .record.provenance import git_info, git_patch, check_clean, run_provenance
+from .state.environment import environment_info, env_diff
+from .record.entry import entry_point, cells_script, cells_notebook, write_cells
+from .experiments.store import LedgerError
+from .experiments.spool import Spool, LedgerWarning
+from .experiments.ledger import Ledger, metrics_frame, metric_column
+from .experiments.fit_record import FitRecord
+from .experiments.stats import compare, ablation, seeds_needed, seed_power, cohens_d, hedges_g
+from .experiments.stats import ComparisonWarning
+from .experiments.sweep import repeat, pinned, SweepError, WorkerError
+from .check.reproduce import reproduce
+from .check.verdict import Reproduction
+from .check.rebuild import ReproduceError
 
 # %% ../nbs/99_all.ipynb #d209bc32
 # nbdev writes an empty `__all__` for a module that defines nothing: the namespace is every name imported above

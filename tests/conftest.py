@@ -21,7 +21,7 @@ def hang_limit(quiet_s:float) -> int:
 CLI_TIMEOUT_S = hang_limit(10)  # a command refused for bad input answers in seconds; training commands pass their own
 
 sys.path.insert(0, str(ROOT))  # this checkout's fastrepro
-from fastrepro.portable import DETERMINISTIC_ENV  # imports no torch
+from fastrepro.state.portable import DETERMINISTIC_ENV  # imports no torch
 
 STARTED_ENV = dict(os.environ)  # the environment pytest was started in, before the variables below
 
@@ -109,7 +109,7 @@ def run_py(code, cwd, env=None, timeout=None):
 @pytest.fixture(scope='session')
 def pg_server():
     "URL of a PostgreSQL server started for this session (fsync off: nothing here needs to survive a crash)"
-    from fastrepro.store import local_postgres, postgres_bin
+    from fastrepro.experiments.store import local_postgres, postgres_bin
     if postgres_bin() is None:
         if shutil.which('apt-get'):
             pytest.fail("PostgreSQL's server binaries are missing: apt-get install -y postgresql (.ci/run does)")

@@ -9,7 +9,7 @@ KILL_AT_ITER = 3  # the training iteration at which the victim seed's process is
 
 def write_runs(address, writer:int, n:int, start_at:float|None=None, barrier=None) -> tuple:
     "Add `n` records to the ledger at `address` as writer `writer`, all writers at once; (first, last write's end)"
-    from fastrepro.ledger import Ledger
+    from fastrepro.experiments.ledger import Ledger
     ledger = Ledger(address)
     if barrier is not None: barrier.wait(timeout=600)  # stops a hang: the workers meet in seconds
     if start_at is not None: time.sleep(max(0., start_at - time.time()))
@@ -31,13 +31,14 @@ def square_killed_once(marker:str, seed:int) -> dict:
 def _classifier_data() -> bytes:
     "The classifier's DataLoaders on the IMDB sample with the language model's vocabulary, pickled: built once per "
     "process (under seed 0, so the same in every process), and each seed trains on a fresh copy"
-    from fastrepro.rng import seed_everything
+    from fastrepro.state.rng import seed_everything
     from fastrepro.demo.ulmfit import imdb_sample_df, lm_dls, clas_dls
     df = imdb_sample_df(PROFILE)
     seed_everything(0)
     vocab = lm_dls(df, PROFILE).vocab  # fastai tokenizes with a process pool: not in a daemonic process
     # num_workers=0: ReproCB's DataLoader carries a torch.Generator, which a DataLoader worker started with spawn (as in
-    # Dask's workers) fails to unpickle (torch: "unable to resize file ..."); reported, to be fixed in fastrepro.data
+    # Dask's workers) fails to unpickle (torch: "unable to resize file ..."); reported, to be fixed in
+    # fastrepro.state.data
     return pickle.dumps(clas_dls(df, vocab, PROFILE, num_workers=0))
 
 
@@ -53,8 +54,8 @@ def train_classifier(seed:int, out:str, kill_seed:int|None=None) -> dict:
     "One seed of the tiny ULMFiT classifier: final metrics; the weights' digest in out/<seed>.sha256. The first time, "
     "the process training `kill_seed` is killed (SIGKILL) at iteration `KILL_AT_ITER`."
     from fastai.text.all import Callback
-    from fastrepro.callback import ReproCB
-    from fastrepro.rng import seed_everything
+    from fastrepro.callback.repro import ReproCB
+    from fastrepro.state.rng import seed_everything
     from fastrepro.demo.ulmfit import clas_learner
     marker = Path(out)/'killed'
     class KillAt(Callback):

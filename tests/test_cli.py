@@ -2,8 +2,8 @@
  "on a ledger built here.")
 import sys, json, shutil, subprocess
 import git, pytest
-from fastrepro.ledger import Ledger
-from fastrepro.store import LEDGER_ENV
+from fastrepro.experiments.ledger import Ledger
+from fastrepro.experiments.store import LEDGER_ENV
 from conftest import fastrepro_cli as fastrepro, assert_user_error, CLI_TIMEOUT_S
 
 

@@ -9,10 +9,10 @@ import pytest, torch
 from fastai.basics import Callback, CancelFitException
 from fastai.test_utils import synth_learner
 from fastrepro.all import ReproCB, CheckpointCB, Ledger, LedgerError, checkpoint_info, seed_everything
-from fastrepro.store import postgres_bin, local_postgres
-from fastrepro.spool import Spool, SpoolIndex, SPOOL_NAME, SPOOLS_ENV, LedgerWarning
-from fastrepro.checkpoint import CheckpointWriteError
-from fastrepro.preempt import SAVE_FAILED_EXIT, read_manifest
+from fastrepro.experiments.store import postgres_bin, local_postgres
+from fastrepro.experiments.spool import Spool, SpoolIndex, SPOOL_NAME, SPOOLS_ENV, LedgerWarning
+from fastrepro.state.checkpoint import CheckpointWriteError
+from fastrepro.callback.preempt import SAVE_FAILED_EXIT, read_manifest
 from conftest import hang_limit
 
 ROOT = Path(__file__).parent.parent
@@ -69,7 +69,7 @@ def pg():
     with local_postgres(fsync='off') as url: yield url
 
 KILL_AFTER_PUT = """import os, signal, sys
-from fastrepro.ledger import Ledger
+from fastrepro.experiments.ledger import Ledger
 put = Ledger._put
 def put_then_die(self, *args):
     put(self, *args); os.kill(os.getpid(), signal.SIGKILL)  # killed after the first record's commit
@@ -150,9 +150,9 @@ STOP_IN_WRITE = """CREATE FUNCTION stop_server() RETURNS trigger LANGUAGE plpgsq
 CREATE TRIGGER stop_server BEFORE INSERT OR UPDATE ON runs FOR EACH ROW EXECUTE FUNCTION stop_server()"""
 
 def test_server_hangs_during_fit(pg, tmp_path, monkeypatch):
-    import time, psycopg, fastrepro.record
+    import time, psycopg, fastrepro.experiments.fit_record
     bound = 2  # seconds: RECORD_TIMEOUT_S made short (psycopg's shortest connect_timeout) to keep the test short
-    monkeypatch.setattr(fastrepro.record, 'RECORD_TIMEOUT_S', bound)
+    monkeypatch.setattr(fastrepro.experiments.fit_record, 'RECORD_TIMEOUT_S', bound)
     len(Ledger(pg))
     pm = postmaster(pg)
     with psycopg.connect(pg, autocommit=True) as con: con.execute(STOP_IN_WRITE.format(pm=pm))
@@ -181,10 +181,10 @@ def test_server_hangs_during_fit(pg, tmp_path, monkeypatch):
 
 # --- spooled records reach their ledger from any process ---
 
-OPEN_LEDGER = "import sys; from fastrepro.ledger import Ledger; Ledger(sys.argv[1])"
+OPEN_LEDGER = "import sys; from fastrepro.experiments.ledger import Ledger; Ledger(sys.argv[1])"
 
 def test_spool_reaches_ledger_from_any_process(tmp_path, spool_index):
-    from fastrepro.spool import spool_address
+    from fastrepro.experiments.spool import spool_address
     from fastrepro.cli import main
     folder, away = tmp_path/'ledgers', tmp_path/'away'
     db = folder/'runs.db'

@@ -31,7 +31,7 @@ import warnings
 with warnings.catch_warnings(record=True) as said:
     warnings.simplefilter('always')
     from fastrepro.all import *
-    from fastrepro.passes import FastaiMismatchWarning
+    from fastrepro.state.passes import FastaiMismatchWarning
     from fastai.test_utils import synth_learner, synth_dbunch
 print('MISMATCH', [str(w.message) for w in said if w.category is FastaiMismatchWarning])
 

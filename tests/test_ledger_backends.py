@@ -5,9 +5,9 @@ import io, json, time, socket, sqlite3, contextlib, multiprocessing
 from pathlib import Path
 import numpy as np, pandas as pd, pytest
 from concurrent.futures import ThreadPoolExecutor
-import fastrepro.store as store_module
-from fastrepro.ledger import Ledger
-from fastrepro.store import LedgerError, SCHEMA_VERSION
+import fastrepro.experiments.store as store_module
+from fastrepro.experiments.ledger import Ledger
+from fastrepro.experiments.store import LedgerError, SCHEMA_VERSION
 from fastrepro.cli import main
 import sweep_jobs
 from conftest import hang_limit
@@ -19,7 +19,7 @@ TIMEOUT_S = hang_limit(10)  # stops a hang of the processes that share a ledger
 def processes():
     "A multiprocessing context whose processes start fast: forked from a server that imported the writers once"
     ctx = multiprocessing.get_context('forkserver')
-    ctx.set_forkserver_preload(['fastrepro.ledger', 'sweep_jobs'])
+    ctx.set_forkserver_preload(['fastrepro.experiments.ledger', 'sweep_jobs'])
     return ctx
 
 
@@ -30,7 +30,7 @@ def dask_client():
     from dask.distributed import Client, LocalCluster
     cluster = dict(n_workers=2, threads_per_worker=4, processes=True, host='127.0.0.1', dashboard_address=None)
     with LocalCluster(**cluster) as c, Client(c) as client:
-        client.run(__import__, 'fastrepro.ledger')
+        client.run(__import__, 'fastrepro.experiments.ledger')
         yield client
 
 

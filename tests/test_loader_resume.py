@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import pytest, torch
 import fastrepro
-from fastrepro.portable import DETERMINISTIC_ENV
-from fastrepro.kernels import same_kernels_env
+from fastrepro.state.portable import DETERMINISTIC_ENV
+from fastrepro.state.kernels import same_kernels_env
 
 pytestmark = pytest.mark.slow  # trains in fresh processes: the inner loop (-m "not slow") skips it
 

@@ -40,12 +40,12 @@ def result(p) -> dict:
 
 DIGESTS = '''
 import json, tempfile, warnings
-from fastrepro.kernels import set_portable, portable_problems
+from fastrepro.state.kernels import set_portable, portable_problems
 with warnings.catch_warnings(record=True) as w:
     warnings.simplefilter('always')
     set_portable()
     from fastrepro.demo.core import Demo
-    from fastrepro.environment import cpu_kernels
+    from fastrepro.state.environment import cpu_kernels
     run = Demo('test', out=tempfile.mkdtemp(), progress=False).reference
 said = [str(o.message) for o in w if 'Not portable' in str(o.message)]
 print('RESULT', json.dumps(dict(lm=run.lm.digest[:12], clas=run.clas.digest[:12], kernels=cpu_kernels(),
@@ -69,8 +69,8 @@ REPRO_CB = '''
 import json, warnings, torch
 from fastai.test_utils import synth_learner
 from fastai.callback.core import Callback
-from fastrepro.callback import ReproCB
-from fastrepro.kernels import deterministic_switches
+from fastrepro.callback.repro import ReproCB
+from fastrepro.state.kernels import deterministic_switches
 class Seen(Callback):
     def after_batch(self): self.seen = (deterministic_switches(), torch.get_num_threads())
 torch.set_num_threads(2)  # the fit pins the launcher's count and puts this one back
@@ -96,7 +96,7 @@ def test_reprocb_portable_under_the_launcher_pins_and_restores():
 def test_portable_problems_in_a_plain_process(tmp_path):
     code = '''
 import json, torch
-from fastrepro.kernels import portable_problems, torch_mkl
+from fastrepro.state.kernels import portable_problems, torch_mkl
 x = torch.randn(64, 64); x @ x  # torch's kernels and MKL start with this CPU's own code paths
 print('RESULT', json.dumps(dict(left=portable_problems(), mkl=torch_mkl() is not None)))'''
     env = {k: '' for k in ('ATEN_CPU_CAPABILITY', 'MKL_CBWR')}  # as a plain shell: torch's and MKL's defaults

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, hang_limit
 
-from fastrepro.checkpoint import checkpoint_info
-from fastrepro.ledger import Ledger
-from fastrepro.provenance import git_info, git_patch, MAX_CODE_BYTES
-import fastrepro.callback  # noqa: F401  (ReproCB's part of `checkpoint_info`)
+from fastrepro.state.checkpoint import checkpoint_info
+from fastrepro.experiments.ledger import Ledger
+from fastrepro.record.provenance import git_info, git_patch, MAX_CODE_BYTES
+import fastrepro.callback.repro  # noqa: F401  (ReproCB's part of `checkpoint_info`)
 
 pytestmark = pytest.mark.slow  # trains in fresh processes: the inner loop (-m "not slow") skips it
 

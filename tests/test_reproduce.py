@@ -8,15 +8,15 @@ import pytest
 import torch
 from conftest import ROOT, hang_limit
 
-from fastrepro.checkpoint import checkpoint_info, read_checkpoint, split_state
-from fastrepro.provenance import pack_git
-from fastrepro.core import digest
+from fastrepro.state.checkpoint import checkpoint_info, read_checkpoint, split_state
+from fastrepro.state.checkpoint import pack_git
+from fastrepro.state.core import digest
 from fastrepro.cli import main
-from fastrepro.reproduce import reproduce, reproduce_segments, segments_verdict, _ledger_run
-from fastrepro.rebuild import EXIT_PARTS, EXIT_FAILED
-from fastrepro.rerun import _threads
-from fastrepro.preempt import read_manifest, checkpoint_digests
-from fastrepro.ledger import Ledger
+from fastrepro.check.reproduce import reproduce, reproduce_segments, segments_verdict, _ledger_run
+from fastrepro.check.rebuild import EXIT_PARTS, EXIT_FAILED
+from fastrepro.check.rerun import _threads
+from fastrepro.callback.preempt import read_manifest, checkpoint_digests
+from fastrepro.experiments.ledger import Ledger
 
 pytestmark = pytest.mark.slow  # trains and re-runs in fresh processes: the inner loop (-m "not slow") skips it
 

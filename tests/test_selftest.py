@@ -5,16 +5,17 @@ in one line, exit 2, that it cannot run where it cannot write its temporary fold
 import os, re
 import pytest
 from pathlib import Path
-from fastrepro.ledger import Ledger
-from fastrepro.store import SELFTEST
+from fastrepro.experiments.ledger import Ledger
+from fastrepro.experiments.store import SELFTEST
 from conftest import fastrepro_cli as fastrepro, hang_limit
 
 HANG_S = hang_limit(60)  # stops a hang: the selftest takes about 40 s on 2 quiet cores (it bounds each check process)
 
 UNDO_PATCH = '''
 from fastai.data.load import DataLoader
-import fastrepro.data, fastrepro.passes  # the import guard's probe runs first, on fastrepro's patches: the selftest's
-DataLoader.{0} = fastrepro.data._fastai['{0}']  # own checks must find the undone one (fastai's method, everywhere)
+# the import guard's probe runs first, on fastrepro's patches: the selftest's own checks must find the undone one
+import fastrepro.state.data, fastrepro.state.passes
+DataLoader.{0} = fastrepro.state.data._fastai['{0}']  # fastai's method, everywhere
 '''
 # what each undone patch breaks: fastai's `__iter__` serves a resumed pass whole (and the guard's probe sees it);
 # fastai's `create_batches` makes items without their streams, so a worker's draws are not the main process's

@@ -1,7 +1,9 @@
-"""The library's shape, read from its code: imports run one way (no circle among fastrepro's modules, counting every
-import in a file, also those inside functions), no module-level statement imports or registers something because of
-an environment variable, and no module over `MAX_MODULE_LINES` lines. `python tests/test_structure.py` prints the
-module map: each module's lines and the modules it imports."""
+"""The library's shape, read from its code: its folders are layers (a module imports from its own folder and the
+folders below it, never above: `FLOORS`), imports run one way (no circle among fastrepro's modules, counting every
+import in a file, also those inside functions), at most `MAX_TOP_ENTRIES` entries at the top of the package, no
+module-level statement imports or registers something because of an environment variable, and no module over
+`MAX_MODULE_LINES` lines. `python tests/test_structure.py` prints the map: each folder's modules, the arrows between
+folders, and each module's lines and the modules it imports."""
 import ast, sys
 from pathlib import Path
 
@@ -9,6 +11,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT/'fastrepro'
 MAX_MODULE_LINES = 450  # a module a reader takes in as one concern
 GENERATED = {'fastrepro._modidx'}  # nbdev's index of the symbols, written by `nbdev-export`
+# the package's folders, bottom to top; the modules at the top of the package (the command line, the launcher, `all`)
+# stand above them all
+FLOORS = ('state', 'record', 'experiments', 'callback', 'check', 'demo')
+MAX_TOP_ENTRIES = 8  # folders and modules at the top of the package besides `__init__`, `all` and `_modidx`
 
 
 def modules() -> dict:
@@ -73,6 +79,33 @@ def circles(graph:dict) -> list:
     return res
 
 
+def floor(module:str) -> int:
+    "The floor of a dotted module name: its folder's place in `FLOORS`, or the top for the package's own modules"
+    parts = module.split('.')
+    return FLOORS.index(parts[1]) if len(parts) > 2 else len(FLOORS)
+
+
+def upward(graph:dict) -> list:
+    "The arrows `module -> module` that run from a floor to one above it"
+    return sorted(f'{m} -> {t}' for m, ts in graph.items() for t in ts if floor(t) > floor(m))
+
+
+def folder_arrows(graph:dict) -> dict:
+    "(folder, folder) -> how many module arrows run from the first folder to another one"
+    res = {}
+    for m, ts in graph.items():
+        for t in ts:
+            a, b = (FLOORS[floor(x)] if floor(x) < len(FLOORS) else 'top' for x in (m, t))
+            if a != b: res[a, b] = res.get((a, b), 0) + 1
+    return res
+
+
+def top_entries() -> list:
+    "The folders and modules at the top of the package, but `__init__`, `all` and `_modidx`"
+    return sorted(p.stem for p in PACKAGE.iterdir() if (p.is_dir() and (p/'__init__.py').exists())
+                  or (p.suffix == '.py' and p.stem not in ('__init__', 'all', '_modidx')))
+
+
 def _reads_environment(node:ast.AST) -> bool:
     "Does the expression read an environment variable (`os.environ`, `os.getenv`)?"
     return any(isinstance(n, ast.Attribute) and n.attr in ('environ', 'getenv') for n in ast.walk(node))
@@ -94,6 +127,16 @@ def test_imports_run_one_way():
     assert circles(imports()) == [], "an import circle: a module imports one that imports it back"
 
 
+def test_folders_are_layers():
+    folders = [e for e in top_entries() if (PACKAGE/e).is_dir()]
+    assert sorted(folders) == sorted(FLOORS), "every folder of the package has its floor in FLOORS"
+    assert upward(imports()) == [], "a module imports from a folder above its own"
+
+
+def test_few_entries_at_the_top():
+    assert len(top_entries()) <= MAX_TOP_ENTRIES, top_entries()
+
+
 def test_no_import_or_registration_because_of_an_environment_variable():
     assert environment_hooks() == []
 
@@ -106,6 +149,13 @@ def test_no_module_over_the_limit():
 if __name__ == '__main__':
     graph, mods = imports(), modules()
     lines = {m: len(mods[m].read_text().splitlines()) for m in graph}
+    print(f"top: {', '.join(top_entries())} ({len(top_entries())} entries besides __init__, all, _modidx)")
+    for i, f in reversed(list(enumerate(FLOORS))):
+        inside = sorted(m.split('.')[2] for m in graph if floor(m) == i and m.count('.') == 2)
+        print(f"floor {i} {f + '/':13} {sum(lines[m] for m in graph if floor(m) == i):5} lines  {', '.join(inside)}")
+    arrows = sorted(folder_arrows(graph).items())
+    print('arrows between folders: ' + ', '.join(f'{a} -> {b} ({n})' for (a, b), n in arrows))
+    print(f"running up: {upward(graph) or 'none'}\n")
     for m in sorted(graph): print(f"{m:32} {lines[m]:4}  -> {', '.join(sorted(graph[m])) or '-'}")
     print(f"{len(graph)} modules, {sum(lines.values())} lines, {sum(map(len, graph.values()))} arrows, "
           f"circles: {circles(graph) or 'none'}, environment hooks: {environment_hooks() or 'none'}")

@@ -6,9 +6,9 @@ import re, time, warnings
 from functools import partial
 from pathlib import Path
 import pytest, git
-from fastrepro.ledger import Ledger
-from fastrepro.stats import ComparisonWarning
-from fastrepro.sweep import repeat, SweepError, WorkerError, DASK_NO_DAEMON
+from fastrepro.experiments.ledger import Ledger
+from fastrepro.experiments.stats import ComparisonWarning
+from fastrepro.experiments.sweep import repeat, SweepError, WorkerError, DASK_NO_DAEMON
 import sweep_jobs
 
 dask = pytest.importorskip('dask')

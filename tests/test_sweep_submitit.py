@@ -5,8 +5,8 @@ import os
 from functools import partial
 from pathlib import Path
 import pytest
-from fastrepro.ledger import Ledger
-from fastrepro.sweep import repeat, SweepError
+from fastrepro.experiments.ledger import Ledger
+from fastrepro.experiments.sweep import repeat, SweepError
 import sweep_jobs
 
 pytestmark = pytest.mark.slow  # trains in submitit jobs: the inner loop (-m "not slow") skips it

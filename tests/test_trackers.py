@@ -165,7 +165,7 @@ def wandb_runs(folder:Path) -> list:
 
 def test_wandb(runs):
     ref, run, _ = runs
-    from fastrepro.ledger import Ledger
+    from fastrepro.experiments.ledger import Ledger
     # the killed process's run, the one the resumed process started (finished at once, empty), the run continued
     (killed, _), (new, new_file), (resumed_id, resumed_file) = wandb_runs(run)
     resumed = wandb_run(resumed_file)
@@ -211,7 +211,7 @@ def test_mlflow(runs, tmp_path):
 
 def test_ledger_names_the_runs(runs):
     ref, run, url = runs
-    from fastrepro.ledger import Ledger
+    from fastrepro.experiments.ledger import Ledger
     rec = Ledger(run/'runs.db').runs().iloc[0]
     assert rec.status == 'completed' and len(Ledger(run/'runs.db')) == 1  # the resumed fit continued the record
     tr = rec.trackers
@@ -226,8 +226,8 @@ def test_reproduce_verdict_in_the_runs(runs, tmp_path):
      "artifacts; the report says where")
     ref, _, url = runs
     import mlflow
-    from fastrepro.reproduce import reproduce
-    from fastrepro.checkpoint import checkpoint_info
+    from fastrepro.check.reproduce import reproduce
+    from fastrepro.state.checkpoint import checkpoint_info
     checkpoint = ref/'models'/'checkpoint.pth'
     saved = checkpoint_info(checkpoint)['trackers']
     res = reproduce(checkpoint, tmp_path, command=f'{sys.executable} {JOB} --csv --fp16', env=QUIET, show=False)
@@ -242,7 +242,7 @@ def test_reproduce_verdict_in_the_runs(runs, tmp_path):
     (first, _), (again, file) = wandb_runs(ref)  # the run, and the same run continued to log the verdict
     assert first == again == wandb_id and wandb_run(file)['summary']['fastrepro/reproduce'] == res.verdict
     client = mlflow.MlflowClient(url)
-    assert client.get_run(run_id).data.tags['fastrepro.reproduce'] == res.verdict
+    assert client.get_run(run_id).data.tags['fastrepro.check.reproduce'] == res.verdict
     assert [a.path for a in client.list_artifacts(run_id, 'fastrepro/reproduce')] == [
         'fastrepro/reproduce/report.json', 'fastrepro/reproduce/report.md']
 
@@ -270,7 +270,7 @@ else: raise AssertionError('tensorboard was importable')
 learn = synth_learner(path='.', cbs=[ReproCB(seed=1, allow_dirty=True), CheckpointCB(every_iters=3), CSVLogger()])
 with learn.no_bar(), learn.no_logging(): learn.fit(2, 1e-2)
 assert sorted(checkpoint_info('models/checkpoint.pth')['trackers']) == ['csv']
-from fastrepro.trackers import note_runs
+from fastrepro.record.trackers import note_runs
 saved = {'tensorboard': {'log_dir': '.', 'step': 0}, 'wandb': {'id': 'w1'}, 'mlflow': {'run_id': 'm1'}}
 for line in note_runs(saved, 'reproduce', 'reproduced bit for bit'): print(line)
 print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorboard', 'wandb', 'mlflow')))
