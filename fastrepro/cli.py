@@ -6,7 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/cli.html.md"""
 
 # %% ../nbs/90_cli.ipynb #708bb02d
 from __future__ import annotations
-import sys, json, argparse, warnings
+import sys, json, argparse, warnings, contextlib
 import numpy as np, pandas as pd
 from fastcore.basics import *
 from pathlib import Path
@@ -53,6 +53,13 @@ def parser() -> argparse.ArgumentParser:
 def _show_warning(message, category, filename, lineno, file=None, line=None):
     print(f"fastrepro: warning: {message}", file=sys.stderr)
 
+@contextlib.contextmanager
+def _library_imports():
+    "Import what a command needs (torch, fastai) without the deprecation notices of their imports: not the user's"
+    with warnings.catch_warnings():
+        for category in (FutureWarning, DeprecationWarning): warnings.simplefilter('ignore', category)
+        yield
+
 def main(argv:list|None=None, # the arguments (default: `sys.argv[1:]`)
         ) -> int:
     "The `fastrepro` command line; returns the exit code"
@@ -90,8 +97,9 @@ def _env_text(env:dict, git:dict) -> str:
              help='a directory inside the git repository to describe (default: the current one)'))
 def env_command(args):
     "Print the environment fingerprint of this machine and the git state of the current directory"
-    from fastrepro.state.environment import environment_info  # imports torch: only for this command
-    from fastrepro.record.provenance import git_info
+    with _library_imports():  # torch and fastai: only for this command
+        from fastrepro.state.environment import environment_info
+        from fastrepro.record.provenance import git_info
     env, git = environment_info(), git_info(args.path)
     print(json.dumps(dict(env=env, git=git), indent=2) if args.json else _env_text(env, git))
 
@@ -202,7 +210,7 @@ def compare_command(args):
          arg('b', help='trace file or checkpoint of run B'))
 def diff_command(args):
     "Find the first iteration where two runs part (exit code 0: identical, 1: different, 2: unreadable)"
-    from fastrepro.record.trace import fastrepro_diff, DIFF_UNREADABLE  # imports torch: only for this command
+    with _library_imports(): from fastrepro.record.trace import fastrepro_diff, DIFF_UNREADABLE  # only for this command
     code, text = fastrepro_diff(args.a, args.b)
     print(text, file=sys.stderr if code == DIFF_UNREADABLE else sys.stdout)
     return code
@@ -232,8 +240,9 @@ def _assignments(pairs:list|None) -> dict:
 def reproduce_command(args):
     ("Rebuild a checkpoint's code, re-run it to the checkpoint's position and compare bit for bit (exit code 0: "
      "reproduced, 1: the runs part, 2: could not run)")
-    from fastrepro.check.rebuild import ReproduceError, EXIT_FAILED  # imports torch: only for this command
-    from fastrepro.check.reproduce import reproduce, reproduce_segments, segments_verdict
+    with _library_imports():  # torch and fastai: only for this command
+        from fastrepro.check.rebuild import ReproduceError, EXIT_FAILED
+        from fastrepro.check.reproduce import reproduce, reproduce_segments, segments_verdict
     kwargs = dict(repo=args.repo, command=args.command, env=_assignments(args.env), strict=args.strict,
                   timeout=args.timeout)
     try:
@@ -268,10 +277,7 @@ def reproduce_command(args):
 def demo_command(args):
     ("Run the ULMFiT reproducibility demo: same seed same bits, kill and resume, fp16 loss scale, a hidden draw found, "
      "a change over seeds, the fast loop")
-    with warnings.catch_warnings():
-        # deprecation notices of fastai's own imports (torch's, pandas'), not the user's to act on
-        for category in (FutureWarning, DeprecationWarning): warnings.simplefilter('ignore', category)
-        from fastrepro.demo.run import run_demo  # imports torch and fastai: only for this command
+    with _library_imports(): from fastrepro.demo.run import run_demo  # imports fastai's text application
     return run_demo(args.profile, n_seeds=args.seeds, data=args.data, out=args.out, workers=args.workers)
 
 @command('selftest', arg('--ledger', nargs='?', const=True, metavar='PATH|URL',
@@ -283,10 +289,7 @@ def demo_command(args):
 def selftest_command(args):
     ("Check fastrepro's guarantees on this installation and hardware (same seed same bits, resume at an epoch "
      "boundary and inside one, DataLoader workers, mixed precision) in about a minute, before a long job")
-    with warnings.catch_warnings():
-        for category in (FutureWarning, DeprecationWarning):  # deprecation notices of fastai's own imports
-            warnings.simplefilter('ignore', category)
-        from fastrepro.check.proof import selftest, SelftestError, EXIT_FAILED, EXIT_CANNOT_RUN  # imports fastai
+    with _library_imports(): from fastrepro.check.proof import selftest, SelftestError, EXIT_FAILED, EXIT_CANNOT_RUN
     try: res = selftest(ledger=args.ledger, tmp=args.tmp, timeout=args.timeout)
     except SelftestError as e:
         print(f"fastrepro selftest could not run: {e}", file=sys.stderr)

@@ -1,9 +1,10 @@
 """The README and the docs' landing page (`nbs/index.ipynb`) say the same thing: the same one-line use, the same
 commands, the same table of what else fastrepro does; the README's test command is the one `.ci/run` runs; every
-notebook the table links exists; the landing page's module map has one row per notebook, in reading (file) order,
-each naming the module its notebook exports. The README stays short: figures and explanations live in the notebooks."""
+notebook the table links exists; the landing page's module map has one row per notebook, in the reading order of the
+docs' sidebar (`nbs/sidebar.yml`, the package's folders bottom to top), each naming the module its notebook exports. The README stays short: figures and explanations live in the notebooks."""
 import json, re
 from pathlib import Path
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 NBS = ROOT/'nbs'
@@ -61,13 +62,23 @@ def test_readme_is_short():
     assert n <= MAX_README_LINES, f"README.md has {n} lines: move details to the notebook of what they describe"
 
 
+def sidebar() -> list:
+    "The notebooks of the docs' sidebar, in its order, sections opened"
+    def _flat(items): return [n for i in items for n in (_flat(i['contents']) if isinstance(i, dict) else [i])]
+    return _flat(yaml.safe_load((NBS/'sidebar.yml').read_text())['website']['sidebar']['contents'])
+
+
 def test_module_map_is_every_notebook_in_order():
-    found = [re.match(r"\| \[`(\w+)`\]\((\w+)\.ipynb\) \| `([\w.]+)` \|", r).groups()
-             for r in rows(section('\n\n'.join(index_cells()), MAP))[1:]]
-    assert all(name == link for name, link, _ in found)
-    notebooks = sorted(p.stem for p in NBS.glob('[0-9]*.ipynb'))
-    assert [name for name, _, _ in found] == notebooks, "the module map is not one row per notebook, in file order"
-    for name, _, module in found:
+    text = section('\n\n'.join(index_cells()), MAP)
+    found = [re.match(r"\| \[`(\w+)`\]\(([\w/]+)\.ipynb\) \| `([\w.]+)` \|", r).groups()
+             for r in rows(text) if r.startswith('| [')]
+    assert all(link.split('/')[-1] == name for name, link, _ in found)
+    notebooks = sorted(str(p.relative_to(NBS).with_suffix('')) for p in NBS.rglob('[0-9]*.ipynb')
+                       if 'fixtures' not in p.parts)
+    ordered = [n.removesuffix('.ipynb') for n in sidebar() if n not in ('index.ipynb', 'habits.ipynb')]
+    assert sorted(ordered) == notebooks, "the sidebar does not list every notebook once"
+    assert [link for _, link, _ in found] == ordered, "the module map is not one row per notebook, in sidebar order"
+    for _, name, module in found:
         src = (NBS/f'{name}.ipynb').read_text()
         exp = re.search(r'#\| default_exp ([\w.]+)', src)[1]
         assert module == f'fastrepro.{exp}', f"{name} exports fastrepro.{exp}, the map says {module}"
