@@ -1,7 +1,8 @@
 """The README and the docs' landing page (`nbs/index.ipynb`) say the same thing: the same one-line use, the same
 commands, the same table of what else fastrepro does; the README's test command is the one `.ci/run` runs; every
 notebook the table links exists; the landing page's module map has one row per notebook, in the reading order of the
-docs' sidebar (`nbs/sidebar.yml`, the package's folders bottom to top), each naming the module its notebook exports. The README stays short: figures and explanations live in the notebooks."""
+docs' sidebar (`nbs/sidebar.yml`, the package's folders bottom to top), each naming the module its notebook exports.
+The README stays short: figures and explanations live in the notebooks."""
 import json, re
 from pathlib import Path
 import yaml
