@@ -81,16 +81,14 @@ def set_mkl_cbwr(mode:str) -> bool:
 def deterministic_switches() -> dict:
     "The deterministic switches in force now"
     mkl, omp = torch_mkl(), _omp()
-    return dict(cudnn_deterministic=torch.backends.cudnn.deterministic,
-                cudnn_benchmark=torch.backends.cudnn.benchmark,
+    return dict(cudnn_deterministic=torch.backends.cudnn.deterministic, cudnn_benchmark=torch.backends.cudnn.benchmark,
                 deterministic_algorithms=torch.are_deterministic_algorithms_enabled(),
                 deterministic_warn_only=torch.is_deterministic_algorithms_warn_only_enabled(),
                 fill_uninitialized_memory=torch.utils.deterministic.fill_uninitialized_memory,
                 cublas_workspace_config=os.environ.get('CUBLAS_WORKSPACE_CONFIG'),
                 mkl_dynamic=None if mkl is None else bool(mkl.mkl_serv_get_dynamic()),
                 omp_dynamic=None if omp is None else bool(omp.omp_get_dynamic()),
-                mkldnn=torch.backends.mkldnn.enabled,
-                nnpack=torch._C._get_nnpack_enabled())
+                mkldnn=torch.backends.mkldnn.enabled, nnpack=torch._C._get_nnpack_enabled())
 
 def set_switches(switches:dict):
     "Put the deterministic switches as `switches` says (the output of `deterministic_switches`)"
