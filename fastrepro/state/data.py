@@ -299,8 +299,7 @@ def items_draw(dl) -> bool:
     return not _as_shipped(dl) or any(isinstance(f, RandTransform) for f in _tfms(dl, ('after_item',)))
 
 def _drawless_tfms() -> tuple:
-    ("fastai's transforms whose `encodes` draw no random numbers "
-     "(the ones its text and tabular loaders are made of)")
+    "fastai's transforms whose `encodes` draw no random numbers (the ones its text and tabular loaders are made of)"
     from fastai.data.transforms import ToTensor, ColReader, Categorize, MultiCategorize, RegressionSetup
     from fastai.text.core import Tokenizer
     from fastai.text.data import Numericalize, Pad_Chunk, Pad_Input
