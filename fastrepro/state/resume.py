@@ -58,8 +58,7 @@ def _dropped_start_epoch(max_depth:int=30):
     "The caller that got a `start_epoch>0` and did not pass it on to `Learner.fit` (fastai's `fit_flat_cos` does this)"
     for f, _ in itertools.islice(traceback.walk_stack(sys._getframe(1)), max_depth):
         v = f.f_locals.get('start_epoch')
-        if isinstance(v, int) and v > 0 and isinstance(f.f_locals.get('self'), Learner):
-            return f.f_code.co_name, v
+        if isinstance(v, int) and v > 0 and isinstance(f.f_locals.get('self'), Learner): return f.f_code.co_name, v
 
 def _check_continues(state:dict, start:int, n_epoch:int, deterministic_data:bool, allow_world_size_change:bool):
     "Refuse a fit that would not continue the checkpoint `state` where it stopped"
