@@ -47,7 +47,7 @@ def make_repo(root: Path) -> Path:
 def main(rounds: int):
     import torch
     from fastai.test_utils import synth_learner
-    from fastrepro import provenance
+    from fastrepro.record import provenance
     torch.set_num_threads(1)
     root = make_repo(Path(tempfile.mkdtemp())/'proj')
     takes_outputs = 'outputs' in inspect.signature(provenance.run_provenance).parameters

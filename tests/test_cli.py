@@ -109,6 +109,7 @@ def test_env_outside_repo(tmp_path):
     assert 'env_hash' in res.stdout and 'num_threads' in res.stdout and 'cudnn_benchmark' in res.stdout
     assert 'git: not a git repository' in res.stdout
     assert res.stderr.startswith('fastrepro: warning:') and 'not inside a git repository' in res.stderr
+    assert len(res.stderr.splitlines()) == 1, res.stderr  # no deprecation notice of torch's or fastai's imports
 
 
 @pytest.mark.skipif(shutil.which('fastrepro') is None, reason='the package is not installed (pip install -e .)')

@@ -246,3 +246,34 @@ def test_a_notebook_run_replayed_in_a_fresh_kernel(tmp_path, monkeypatch):
     r = reproduce(root/'models'/'nb.pth', tmp_path/'out', show=False)
     assert r.reproduced and r.position == dict(fit=0, epoch=2, batch=0, iteration=6), r.verdict
     assert r.command[-2].endswith('replay.ipynb')
+
+
+BEFORE_FOLDERS = '824cc03'  # the last commit of the flat package (fastrepro/callback.py, checkpoint.py, rerun.py, ...)
+OLD_TRAIN = '''"A user's script, run by the fastrepro of before the folders"
+from fastai.basics import *
+from fastai.test_utils import synth_learner
+from fastrepro.all import ReproCB, CheckpointCB, seed_everything
+seed_everything(4)
+learn = synth_learner(n_trn=4, path='.', cbs=[ReproCB(seed=4), CheckpointCB(every_iters=3)])
+with learn.no_bar(), learn.no_logging(): learn.fit(2, 1e-2)
+'''
+
+
+def test_a_checkpoint_written_before_the_folders_is_reproduced(tmp_path, capsys, monkeypatch):
+    "Written by the flat package (its runner was `fastrepro.rerun`), reproduced by today's"
+    old = tmp_path/'old'
+    old.mkdir()
+    archive = subprocess.run(['git', 'archive', BEFORE_FOLDERS, 'fastrepro'], cwd=ROOT, capture_output=True)
+    if archive.returncode != 0: pytest.skip(f"commit {BEFORE_FOLDERS} is not in this clone (a shallow clone?)")
+    subprocess.run(['tar', '-x', '-C', str(old)], input=archive.stdout, check=True)
+    assert (old/'fastrepro'/'rerun.py').is_file() and not (old/'fastrepro'/'state').exists()
+    root = _repo(tmp_path/'proj', {'train.py': OLD_TRAIN, '.gitignore': '__pycache__/\n/models/\n'})
+    env = {**_env(), 'PYTHONPATH': str(old)}
+    p = subprocess.run([sys.executable, 'train.py'], cwd=root, env=env, capture_output=True, text=True,
+                       timeout=RUN_TIMEOUT_S)
+    assert p.returncode == 0, p.stderr[-3000:]
+    ckpt = root/'models'/'checkpoint.pth'
+    assert checkpoint_info(ckpt)['iteration'] == 6
+    monkeypatch.setenv('PYTHONPATH', str(ROOT))
+    assert main(['reproduce', str(ckpt), '--out', str(tmp_path/'out')]) == 0
+    assert 'reproduced bit for bit' in capsys.readouterr().out
