@@ -242,7 +242,7 @@ def test_reproduce_verdict_in_the_runs(runs, tmp_path):
     (first, _), (again, file) = wandb_runs(ref)  # the run, and the same run continued to log the verdict
     assert first == again == wandb_id and wandb_run(file)['summary']['fastrepro/reproduce'] == res.verdict
     client = mlflow.MlflowClient(url)
-    assert client.get_run(run_id).data.tags['fastrepro.check.reproduce'] == res.verdict
+    assert client.get_run(run_id).data.tags['fastrepro.reproduce'] == res.verdict
     assert [a.path for a in client.list_artifacts(run_id, 'fastrepro/reproduce')] == [
         'fastrepro/reproduce/report.json', 'fastrepro/reproduce/report.md']
 
