@@ -6,7 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/checkpoint.html.md"""
 
 # %% ../nbs/02_checkpoint.ipynb #95a33e88
 from __future__ import annotations
-import os, sys, shutil, ctypes, pickle, zipfile, tempfile, warnings, functools
+import os, re, sys, shutil, ctypes, pickle, zipfile, tempfile, warnings, functools
 import errno as errno_module
 from fastai.basics import *
 from fastai.text.learner import TextLearner, clean_raw_keys
@@ -16,10 +16,12 @@ from .core import *
 from .distrib import distributed, gather
 from .data import data_signature
 from .provenance import unpack_git, unpack_entry
+from .integrity import IntegrityError, zip_records, check_records, record_holds, missing_storages
 
 # %% auto #0
 __all__ = ['STATE_KEY', 'FORMAT_VERSION', 'TMP_PREFIX', 'DURABLE', 'CheckpointError', 'ResumeError', 'atomic_torch_save',
-           'CheckpointWriteError', 'write_failure', 'fastai_safe_globals', 'read_checkpoint', 'split_state',
+           'CheckpointWriteError', 'write_failure', 'DamagedCheckpointError', 'older_checkpoints', 'intact',
+           'record_words', 'damage_line', 'checked_file', 'fastai_safe_globals', 'read_checkpoint', 'split_state',
            'model_signature', 'check_compatible', 'checkpoint_state', 'callback_states', 'to_plain',
            'checkpoint_summary', 'checkpoint_info', 'checkpoint_upgrade', 'upgrade_state']
 
@@ -108,6 +110,90 @@ def write_failure(e:BaseException, # what writing `file` raised
                                 f"{os_e.errno} {code}; {where}); {kept}. Free space there, or save to another "
                                 "folder (`learn.path`, `learn.model_dir`).", file, os_e.errno, free)
 
+# %% ../nbs/02_checkpoint.ipynb #5f6b4bdb
+class DamagedCheckpointError(CheckpointError):
+    "A checkpoint whose bytes changed after they were written (cut, flipped, a record lost): refused, never loaded"
+    def __init__(self, msg:str, path, record:str|None=None):
+        super().__init__(msg)
+        self.path, self.record = Path(path), record
+
+def older_checkpoints(file) -> list:
+    "The older checkpoints `CheckpointCB(keep>1)` kept beside `file` (`{fname}.1.pth`, `.2.pth`, ...), newest first"
+    file = Path(file)
+    m = re.fullmatch(r'(.+)\.(\d+)', file.stem)  # `checkpoint.1.pth`: the ones older than it are `.2`, `.3`, ...
+    base, i = (m[1], int(m[2]) + 1) if m else (file.stem, 1)
+    res = []
+    while (p := file.with_name(f'{base}.{i}.pth')).is_file(): res.append(p); i += 1
+    return res
+
+def intact(file) -> bool:
+    "Do `file`'s bytes pass `check_records`?"
+    try:
+        with open(file, 'rb') as f: check_records(f)
+        return True
+    except (IntegrityError, OSError): return False
+
+def record_words(name:str, # a record of a torch file
+                 holds, # what it holds (`record_holds`); None: unknown
+                ) -> str:
+    "What record `name` of a checkpoint holds, in words"
+    if name.endswith('/data.pkl'): return "the pickle of the structure: names, shapes and every non-tensor value"
+    if '/data/' not in name: return "torch's format details"
+    if not holds: return "a tensor"
+    path = '.'.join(map(str, holds[1:]))
+    if holds[0] == 'opt' and len(holds) > 3 and holds[1] == STATE_KEY:
+        kind = ("random generator states" if {'generators', 'rng'} & set(holds) else "trace" if 'trace' in holds
+                else "state")
+        return f"fastrepro's {kind} of `{holds[3]}`: {'.'.join(map(str, holds[4:]))}"
+    if holds[0] == 'opt': return f"optimizer state: {path}"
+    return f"model weights: {path if holds[0] == 'model' else '.'.join(map(str, holds))}"
+
+def _earlier(file) -> str:
+    "What to do instead of loading the damaged `file`: the newest intact checkpoint kept beside it, if any"
+    older = older_checkpoints(file)
+    good = first(older, intact)
+    if good is not None: return f"Use an earlier checkpoint: the newest intact one beside it is {good}."
+    if older: return f"Use an earlier checkpoint (none of the {len(older)} kept beside it is intact)."
+    return "Use an earlier checkpoint."
+
+def damage_line(file, # the damaged checkpoint
+                e:IntegrityError, # what `check_records` found
+                holds=None, # what the damaged record holds (`record_holds`)
+               ) -> str:
+    "The one line that refuses a damaged checkpoint: which file, which record, why it is refused, what to do"
+    where = f"its record {e.record} ({record_words(e.record, holds)}): " if e.record else ""
+    return (f"{file} is damaged (truncated or corrupt): {where}{e.why}. fastrepro writes atomically, so its bytes "
+            f"changed after they were written (disk, network file system, interrupted copy), or it was not written "
+            f"by fastrepro; it is not loaded. {_earlier(file)}")
+
+def _holds(f, record:str|None):
+    "What `record` of the open file `f` holds, as far as its structure lets it be found"
+    if record is None: return None
+    try: return record_holds(f, zip_records(f), record)
+    except IntegrityError: return None
+
+@contextmanager
+def checked_file(file, # a checkpoint
+                ):
+    ("`(open file, its zip records)` for reading `file` once its bytes are checked (`check_records`); damage raises "
+     "`DamagedCheckpointError`")
+    file = Path(file)
+    if file.is_dir(): raise CheckpointError(f"{file} is a folder, not a checkpoint: pass the .pth file a save wrote.")
+    with open(file, 'rb') as f:
+        try: records = check_records(f)
+        except IntegrityError as e: raise DamagedCheckpointError(damage_line(file, e, _holds(f, e.record)), file,
+                                                                 e.record) from e
+        f.seek(0)
+        yield f, records
+
+def _missing_record(file, f, records) -> DamagedCheckpointError|None:
+    "The error for a file whose pickle refers to a tensor no record holds (a record removed), or None"
+    try: missing = missing_storages(f, records)
+    except Exception: return None  # the load's own error says more
+    if not missing: return None
+    name, holds = next(iter(missing.items()))
+    return DamagedCheckpointError(damage_line(file, IntegrityError("the record is missing", name), holds), file, name)
+
 # %% ../nbs/02_checkpoint.ipynb #b08a1198
 def fastai_safe_globals() -> list:
     "The types fastai's `load_model` allows in a `weights_only` load besides tensors and plain Python values"
@@ -119,12 +205,15 @@ def read_checkpoint(file, # path of the checkpoint
                     mmap:bool=False, # memory-map tensors instead of reading them (fast peeks at metadata)
                     weights_only:bool=True, # False unpickles anything, faster: for trusted files (fastai's text loader)
                    ) -> dict:
-    "Load a checkpoint with `torch.load(weights_only=True)`; a truncated or corrupt file raises `CheckpointError`"
+    ("Load a checkpoint with `torch.load(weights_only=True)` once its bytes are checked (`checked_file`); a damaged, "
+     "truncated or corrupt file raises `CheckpointError`")
     file = Path(file)
     if not file.exists(): raise FileNotFoundError(f"No checkpoint at {file}")
     try:
-        with torch.serialization.safe_globals(fastai_safe_globals()):
-            return torch.load(file, map_location=map_location, weights_only=weights_only, mmap=mmap)
+        with checked_file(file) as (f, records), torch.serialization.safe_globals(fastai_safe_globals()):
+            try: return torch.load(file if mmap else f, map_location=map_location, weights_only=weights_only, mmap=mmap)
+            except RuntimeError as e: raise _missing_record(file, f, records) or e
+    except CheckpointError: raise  # damaged (`checked_file`): its line says more than torch's error
     except pickle.UnpicklingError as e:
         raise CheckpointError(f"{file} holds objects other than tensors and plain Python values, so it was not loaded "
                               f"(weights_only=True): {str(e).splitlines()[0]}. Only load checkpoints you trust.") from e
@@ -193,6 +282,14 @@ def to_plain(o, where:str='state'):
     raise TypeError(f"{where} holds a {type(o).__name__}, which `torch.load(weights_only=True)` cannot read back: "
                     "store tensors and plain Python values only.")
 
+# %% ../nbs/02_checkpoint.ipynb #abf28099
+def _check_plain(file):
+    "Check the bytes of a checkpoint that fastai's own `load` reads; torch's legacy format (not a zip) is left to it"
+    if not isinstance(file, (str, Path)) or not Path(file).is_file(): return  # fastai says what is wrong
+    with open(file, 'rb') as f: head = f.read(2)
+    if head and head != zipfile.stringFileHeader[:2]: return  # a legacy torch file (< 1.6), or no torch file at all
+    with checked_file(file): pass
+
 # %% ../nbs/02_checkpoint.ipynb #56c2da54
 def _extends(learn) -> bool: return bool(stateful_cbs(learn)) and not in_lr_find(learn)
 
@@ -233,7 +330,9 @@ def _repro_load(fastai_load, clean_keys=noop):
     "Wrap one of fastai's `load` methods: read a fastrepro checkpoint once, check it, load it, hand over its state"
     @delegates(fastai_load)
     def load(self, file, device=None, with_opt=None, strict=True, **kwargs):
-        if not _extends(self): return fastai_load(self, file, device=device, with_opt=with_opt, strict=strict, **kwargs)
+        if not _extends(self):
+            _check_plain(join_path_file(file, self.path/self.model_dir, ext='.pth'))
+            return fastai_load(self, file, device=device, with_opt=with_opt, strict=strict, **kwargs)
         if device is None and hasattr(self.dls, 'device'): device = self.dls.device
         if isinstance(device, int): device = torch.device('cuda', device)
         if self.opt is None: self.create_opt()
