@@ -113,9 +113,9 @@ def write_failure(e:BaseException, # what writing `file` raised
 # %% ../nbs/02_checkpoint.ipynb #5f6b4bdb
 class DamagedCheckpointError(CheckpointError):
     "A checkpoint whose bytes changed after they were written (cut, flipped, a record lost): refused, never loaded"
-    def __init__(self, msg:str, path, record:str|None=None):
+    def __init__(self, msg:str, path, record:str|None=None, why:str|None=None):
         super().__init__(msg)
-        self.path, self.record = Path(path), record
+        self.path, self.record, self.why = Path(path), record, why or msg
 
 def older_checkpoints(file) -> list:
     "The older checkpoints `CheckpointCB(keep>1)` kept beside `file` (`{fname}.1.pth`, `.2.pth`, ...), newest first"
@@ -181,8 +181,9 @@ def checked_file(file, # a checkpoint
     if file.is_dir(): raise CheckpointError(f"{file} is a folder, not a checkpoint: pass the .pth file a save wrote.")
     with open(file, 'rb') as f:
         try: records = check_records(f)
-        except IntegrityError as e: raise DamagedCheckpointError(damage_line(file, e, _holds(f, e.record)), file,
-                                                                 e.record) from e
+        except IntegrityError as e:
+            raise DamagedCheckpointError(damage_line(file, e, _holds(f, e.record)), file, e.record,
+                                         f"{e.record}: {e.why}" if e.record else e.why) from e
         f.seek(0)
         yield f, records
 
@@ -192,7 +193,8 @@ def _missing_record(file, f, records) -> DamagedCheckpointError|None:
     except Exception: return None  # the load's own error says more
     if not missing: return None
     name, holds = next(iter(missing.items()))
-    return DamagedCheckpointError(damage_line(file, IntegrityError("the record is missing", name), holds), file, name)
+    return DamagedCheckpointError(damage_line(file, IntegrityError("the record is missing", name), holds), file, name,
+                                  f"{name} is missing")
 
 # %% ../nbs/02_checkpoint.ipynb #b08a1198
 def fastai_safe_globals() -> list:
