@@ -6,7 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/checkpoint.html.md"""
 
 # %% ../nbs/02_checkpoint.ipynb #95a33e88
 from __future__ import annotations
-import os, re, sys, shutil, ctypes, pickle, zipfile, tempfile, warnings, functools
+import os, sys, shutil, ctypes, pickle, zipfile, tempfile, warnings, functools
 import errno as errno_module
 from fastai.basics import *
 from fastai.text.learner import TextLearner, clean_raw_keys
@@ -17,13 +17,14 @@ from .distrib import distributed, gather
 from .data import data_signature
 from .provenance import unpack_git, unpack_entry
 from .integrity import IntegrityError, zip_records, check_records, record_holds, missing_storages
+from .integrity import damage_line
 
 # %% auto #0
 __all__ = ['STATE_KEY', 'FORMAT_VERSION', 'TMP_PREFIX', 'DURABLE', 'CheckpointError', 'ResumeError', 'atomic_torch_save',
-           'CheckpointWriteError', 'write_failure', 'DamagedCheckpointError', 'older_checkpoints', 'intact',
-           'record_words', 'damage_line', 'checked_file', 'fastai_safe_globals', 'read_checkpoint', 'split_state',
-           'model_signature', 'check_compatible', 'checkpoint_state', 'callback_states', 'to_plain',
-           'checkpoint_summary', 'checkpoint_info', 'checkpoint_upgrade', 'upgrade_state']
+           'CheckpointWriteError', 'write_failure', 'DamagedCheckpointError', 'checked_file', 'fastai_safe_globals',
+           'read_checkpoint', 'split_state', 'model_signature', 'check_compatible', 'checkpoint_state',
+           'callback_states', 'to_plain', 'checkpoint_summary', 'checkpoint_info', 'checkpoint_upgrade',
+           'upgrade_state']
 
 # %% ../nbs/02_checkpoint.ipynb #f299278a
 STATE_KEY = '__fastrepro__'   # where fastrepro's state lives inside the optimizer entry
@@ -116,55 +117,6 @@ class DamagedCheckpointError(CheckpointError):
     def __init__(self, msg:str, path, record:str|None=None, why:str|None=None):
         super().__init__(msg)
         self.path, self.record, self.why = Path(path), record, why or msg
-
-def older_checkpoints(file) -> list:
-    "The older checkpoints `CheckpointCB(keep>1)` kept beside `file` (`{fname}.1.pth`, `.2.pth`, ...), newest first"
-    file = Path(file)
-    m = re.fullmatch(r'(.+)\.(\d+)', file.stem)  # `checkpoint.1.pth`: the ones older than it are `.2`, `.3`, ...
-    base, i = (m[1], int(m[2]) + 1) if m else (file.stem, 1)
-    res = []
-    while (p := file.with_name(f'{base}.{i}.pth')).is_file(): res.append(p); i += 1
-    return res
-
-def intact(file) -> bool:
-    "Do `file`'s bytes pass `check_records`?"
-    try:
-        with open(file, 'rb') as f: check_records(f)
-        return True
-    except (IntegrityError, OSError): return False
-
-def record_words(name:str, # a record of a torch file
-                 holds, # what it holds (`record_holds`); None: unknown
-                ) -> str:
-    "What record `name` of a checkpoint holds, in words"
-    if name.endswith('/data.pkl'): return "the pickle of the structure: names, shapes and every non-tensor value"
-    if '/data/' not in name: return "torch's format details"
-    if not holds: return "a tensor"
-    path = '.'.join(map(str, holds[1:]))
-    if holds[0] == 'opt' and len(holds) > 3 and holds[1] == STATE_KEY:
-        kind = ("random generator states" if {'generators', 'rng'} & set(holds) else "trace" if 'trace' in holds
-                else "state")
-        return f"fastrepro's {kind} of `{holds[3]}`: {'.'.join(map(str, holds[4:]))}"
-    if holds[0] == 'opt': return f"optimizer state: {path}"
-    return f"model weights: {path if holds[0] == 'model' else '.'.join(map(str, holds))}"
-
-def _earlier(file) -> str:
-    "What to do instead of loading the damaged `file`: the newest intact checkpoint kept beside it, if any"
-    older = older_checkpoints(file)
-    good = first(older, intact)
-    if good is not None: return f"Use an earlier checkpoint: the newest intact one beside it is {good}."
-    if older: return f"Use an earlier checkpoint (none of the {len(older)} kept beside it is intact)."
-    return "Use an earlier checkpoint."
-
-def damage_line(file, # the damaged checkpoint
-                e:IntegrityError, # what `check_records` found
-                holds=None, # what the damaged record holds (`record_holds`)
-               ) -> str:
-    "The one line that refuses a damaged checkpoint: which file, which record, why it is refused, what to do"
-    where = f"its record {e.record} ({record_words(e.record, holds)}): " if e.record else ""
-    return (f"{file} is damaged (truncated or corrupt): {where}{e.why}. fastrepro writes atomically, so its bytes "
-            f"changed after they were written (disk, network file system, interrupted copy), or it was not written "
-            f"by fastrepro; it is not loaded. {_earlier(file)}")
 
 def _holds(f, record:str|None):
     "What `record` of the open file `f` holds, as far as its structure lets it be found"

@@ -12,7 +12,8 @@ from .core import *
 from .distrib import any_rank
 from .checkpoint import checkpoint_info, ResumeError, TMP_PREFIX, CheckpointWriteError
 from .checkpoint import read_checkpoint, split_state
-from .checkpoint import CheckpointError, DamagedCheckpointError, older_checkpoints
+from .checkpoint import CheckpointError, DamagedCheckpointError
+from .integrity import older_checkpoints
 from .trace import state_digest
 from .callback import ReproCB, show_loaded_fit
 from .resume import inside_problem
