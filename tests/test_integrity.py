@@ -2,9 +2,10 @@
 offsets in every part of the file, one byte flipped at offsets over every kind of record and every zip structure torch
 reads; each outcome is either refused with the one-line `CheckpointError` or loaded bit-identical to the original (a
 byte no reader uses), never a load that differs. Bad inputs: empty, a record removed, not a zip, a folder, another
-architecture, a newer format. In fresh processes: autoresume after SIGTERM with the newest checkpoint damaged continues
-from the newest intact one (`keep=2`) bit-identical to the uninterrupted run, or refuses (`keep=1`); `fastrepro
-reproduce` refuses a damaged file with exit 2."""
+architecture, a newer format; fastai's `SaveModelCallback` reloading a damaged best model. In fresh processes:
+autoresume after SIGTERM with the newest checkpoint damaged continues from the newest intact one (`keep=2`)
+bit-identical to the uninterrupted run, or refuses (`keep=1`); `fastrepro reproduce` refuses a damaged file with
+exit 2."""
 import io, os, pickle, signal, subprocess, sys, zipfile, warnings
 from pathlib import Path
 import pytest, torch
@@ -207,6 +208,20 @@ def test_plain_fastai_checkpoint_is_checked(tmp_path):
     b = bytearray(f.read_bytes()); b[r.start] ^= 1
     f.write_bytes(bytes(b))
     with pytest.raises(CheckpointError, match=r'damaged .*model weights: a'): plain.load('plain')
+
+
+def test_best_model_reload_is_checked(tmp_path):
+    "fastai's `SaveModelCallback` with ReproCB attached: a best model damaged during the fit is refused at its reload"
+    from fastai.callback.tracker import SaveModelCallback
+    class Damage(Callback):
+        "After the last epoch's best model is written, flip a byte of its weights"
+        order = SaveModelCallback.order + 1
+        def after_epoch(self):
+            if self.epoch == self.n_epoch - 1: damage_weights(self.path/self.model_dir/'best.pth')
+    learn = learner(tmp_path)
+    with warnings.catch_warnings(), pytest.raises(CheckpointError, match=r'best.pth is damaged .*model weights'):
+        warnings.simplefilter('ignore')
+        learn.fit(2, cbs=[SaveModelCallback(monitor='train_loss', comp=lambda a, b: True, fname='best'), Damage()])
 
 
 # ---- autoresume, in fresh processes
