@@ -9,7 +9,7 @@ import torch
 from conftest import ROOT, hang_limit
 
 from fastrepro.state.checkpoint import checkpoint_info, read_checkpoint, split_state
-from fastrepro.state.checkpoint import pack_git
+from fastrepro.state.formats import pack_git
 from fastrepro.state.core import digest
 from fastrepro.cli import main
 from fastrepro.check.reproduce import reproduce, reproduce_segments, segments_verdict, _ledger_run

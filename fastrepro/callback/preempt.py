@@ -12,14 +12,16 @@ from ..state.core import *
 from ..state.distrib import any_rank
 from ..state.checkpoint import checkpoint_info, ResumeError, TMP_PREFIX, CheckpointWriteError
 from ..state.checkpoint import read_checkpoint, split_state
+from ..state.checkpoint import CheckpointError, DamagedCheckpointError
+from ..state.integrity import older_checkpoints
 from ..record.trace import state_digest
 from .repro import ReproCB, show_loaded_fit
 from ..state.resume import inside_problem
 
 # %% auto #0
 __all__ = ['PREEMPT_SIGNALS', 'SIGNAL_EXIT_BASE', 'SAVE_FAILED_EXIT', 'MANIFEST_SUFFIX', 'POSITION_KEYS', 'DIGEST_KEYS',
-           'states_digest', 'checkpoint_digests', 'manifest_path', 'read_manifest', 'manifest_key', 'add_to_manifest',
-           'CheckpointCB']
+           'DAMAGED_SUFFIX', 'states_digest', 'checkpoint_digests', 'manifest_path', 'read_manifest', 'manifest_key',
+           'add_to_manifest', 'CheckpointCB']
 
 # %% ../../nbs/callback/03_preempt.ipynb #160dd579
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # what Kubernetes, spot terminations and SLURM's `--signal` send
@@ -192,7 +194,7 @@ class CheckpointCB(Callback):
                   f"its end state is loaded from {done}.")
             return None
         if not self.path.exists(): return start_epoch
-        info = checkpoint_info(self.path)
+        info = self._newest_intact()  # a damaged newest one: the newest intact one kept (`keep`) takes its place
         if info.get('fit_number') != n:
             if (info.get('fit_number') or -1) > n:
                 raise ResumeError(f"{self.path} was written by fit {info['fit_number']} of an earlier run, "
@@ -257,7 +259,8 @@ class CheckpointCB(Callback):
 
     def _newest(self) -> str:
         "Which checkpoint a rerun continues from"
-        info = checkpoint_info(self.path) if self.path.exists() else None
+        try: info = checkpoint_info(self.path) if self.path.exists() else None
+        except CheckpointError as e: return f"The newest checkpoint cannot be continued from: {e}"
         if info is None or (self.autoresume and info.get('fit_number') != self.fit_number):
             return "There is no checkpoint of this fit: a rerun starts it over."
         return (f"The newest usable checkpoint is {self.path} (epoch {info['start_epoch']}, after {info['batch']} "
@@ -292,3 +295,31 @@ class CheckpointCB(Callback):
         self.active = False
         for s, h in self._handlers.items(): signal.signal(s, h)
         self._handlers = {}
+
+# %% ../../nbs/callback/03_preempt.ipynb #e3fe19a5
+DAMAGED_SUFFIX = '.damaged'  # a damaged checkpoint set aside: `checkpoint.pth.damaged`, out of every `.pth` listing
+
+@patch
+def _newest_intact(self:CheckpointCB) -> dict:
+    ("`checkpoint_info` of the newest intact checkpoint among the newest and the `keep - 1` older ones: damaged newer "
+     "ones are said and set aside, and the intact one becomes the newest; none intact raises `DamagedCheckpointError`")
+    tried = []
+    for p in [self.path] + older_checkpoints(self.path)[:self.keep - 1]:
+        try: info = checkpoint_info(p)
+        except DamagedCheckpointError as e: tried.append(e); continue
+        if not tried: return info
+        distrib_barrier()  # every rank has read the files before rank 0 moves them
+        if rank_distrib() == 0:
+            for e in tried: os.replace(e.path, e.path.with_name(e.path.name + DAMAGED_SUFFIX))
+            _link(p, self.path)
+        distrib_barrier()
+        skipped = '; '.join(f"{e.path.name} ({e.why})" for e in tried)
+        _tell(f"fastrepro: skipped the damaged {skipped}: its bytes changed after they were written; set aside as "
+              f"*{DAMAGED_SUFFIX}. Fit {self.fit_number} continues from {p.name}, the newest intact checkpoint.")
+        return {**info, 'path': str(self.path)}
+    older = (f"CheckpointCB(keep={self.keep}) kept no older one" if self.keep == 1 else
+             f"the older ones CheckpointCB(keep={self.keep}) kept are damaged or missing")
+    raise DamagedCheckpointError(f"No intact checkpoint to continue fit {self.fit_number} from: tried "
+                                 + '; '.join(f"{e.path} ({e.why})" for e in tried) + f"; {older}. A rerun never starts "
+                                 f"the fit over silently: restore a copy of a checkpoint, or delete the checkpoints in "
+                                 f"{self.path.parent} to start it over.", self.path, tried[0].record, tried[0].why)

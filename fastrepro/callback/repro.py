@@ -12,6 +12,7 @@ from ..state.core import *
 from ..state.rng import derive_seed, seed_global, rng_states, torch_seeded
 from ..state.kernels import FitSwitches
 from ..state.checkpoint import *
+from ..state.formats import pack_git, pack_entry
 from ..state.resume import Position, ResumePlan, inside_state
 from ..state.fastai_state import recorder_state, set_recorder_state, grad_presence, fastai_callback_states
 from ..state.data import make_deterministic, undo_deterministic, set_epoch, loader_orders

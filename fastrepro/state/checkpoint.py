@@ -6,7 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/state/checkpoint.html.md"""
 
 # %% ../../nbs/state/08_checkpoint.ipynb #95a33e88
 from __future__ import annotations
-import os, sys, json, zlib, shutil, ctypes, pickle, zipfile, tempfile, warnings, functools
+import os, sys, shutil, ctypes, pickle, zipfile, tempfile, warnings, functools
 import errno as errno_module
 from fastai.basics import *
 from fastai.text.learner import TextLearner, clean_raw_keys
@@ -15,13 +15,16 @@ from fastai.callback.training import GradientAccumulation
 from .core import *
 from .distrib import distributed, gather
 from .data import data_signature
+from .integrity import IntegrityError, zip_records, check_records, record_holds, missing_storages
+from .integrity import damage_line
+from .formats import SUMMARIES, UPGRADES
 
 # %% auto #0
-__all__ = ['STATE_KEY', 'FORMAT_VERSION', 'TMP_PREFIX', 'DURABLE', 'PATCH_ZLIB_LEVEL', 'CheckpointError', 'ResumeError',
-           'atomic_torch_save', 'CheckpointWriteError', 'write_failure', 'fastai_safe_globals', 'read_checkpoint',
-           'split_state', 'model_signature', 'check_compatible', 'checkpoint_state', 'callback_states', 'to_plain',
-           'checkpoint_summary', 'checkpoint_info', 'checkpoint_upgrade', 'upgrade_state', 'pack_git', 'unpack_git',
-           'pack_entry', 'unpack_entry']
+__all__ = ['STATE_KEY', 'FORMAT_VERSION', 'TMP_PREFIX', 'DURABLE', 'CheckpointError', 'ResumeError', 'atomic_torch_save',
+           'CheckpointWriteError', 'write_failure', 'DamagedCheckpointError', 'checked_file', 'fastai_safe_globals',
+           'read_checkpoint', 'split_state', 'model_signature', 'check_compatible', 'checkpoint_state',
+           'callback_states', 'to_plain', 'checkpoint_summary', 'checkpoint_info', 'checkpoint_upgrade',
+           'upgrade_state']
 
 # %% ../../nbs/state/08_checkpoint.ipynb #f299278a
 STATE_KEY = '__fastrepro__'   # where fastrepro's state lives inside the optimizer entry
@@ -108,6 +111,43 @@ def write_failure(e:BaseException, # what writing `file` raised
                                 f"{os_e.errno} {code}; {where}); {kept}. Free space there, or save to another "
                                 "folder (`learn.path`, `learn.model_dir`).", file, os_e.errno, free)
 
+# %% ../../nbs/state/08_checkpoint.ipynb #5f6b4bdb
+class DamagedCheckpointError(CheckpointError):
+    "A checkpoint whose bytes changed after they were written (cut, flipped, a record lost): refused, never loaded"
+    def __init__(self, msg:str, path, record:str|None=None, why:str|None=None):
+        super().__init__(msg)
+        self.path, self.record, self.why = Path(path), record, why or msg
+
+def _holds(f, record:str|None):
+    "What `record` of the open file `f` holds, as far as its structure lets it be found"
+    if record is None: return None
+    try: return record_holds(f, zip_records(f), record)
+    except IntegrityError: return None
+
+@contextmanager
+def checked_file(file, # a checkpoint
+                ):
+    ("`(open file, its zip records)` for reading `file` once its bytes are checked (`check_records`); damage raises "
+     "`DamagedCheckpointError`")
+    file = Path(file)
+    if file.is_dir(): raise CheckpointError(f"{file} is a folder, not a checkpoint: pass the .pth file a save wrote.")
+    with open(file, 'rb') as f:
+        try: records = check_records(f)
+        except IntegrityError as e:
+            raise DamagedCheckpointError(damage_line(file, e, _holds(f, e.record)), file, e.record,
+                                         f"{e.record}: {e.why}" if e.record else e.why) from e
+        f.seek(0)
+        yield f, records
+
+def _missing_record(file, f, records) -> DamagedCheckpointError|None:
+    "The error for a file whose pickle refers to a tensor no record holds (a record removed), or None"
+    try: missing = missing_storages(f, records)
+    except Exception: return None  # the load's own error says more
+    if not missing: return None
+    name, holds = next(iter(missing.items()))
+    return DamagedCheckpointError(damage_line(file, IntegrityError("the record is missing", name), holds), file, name,
+                                  f"{name} is missing")
+
 # %% ../../nbs/state/08_checkpoint.ipynb #b08a1198
 def fastai_safe_globals() -> list:
     "The types fastai's `load_model` allows in a `weights_only` load besides tensors and plain Python values"
@@ -119,12 +159,15 @@ def read_checkpoint(file, # path of the checkpoint
                     mmap:bool=False, # memory-map tensors instead of reading them (fast peeks at metadata)
                     weights_only:bool=True, # False unpickles anything, faster: for trusted files (fastai's text loader)
                    ) -> dict:
-    "Load a checkpoint with `torch.load(weights_only=True)`; a truncated or corrupt file raises `CheckpointError`"
+    ("Load a checkpoint with `torch.load(weights_only=True)` once its bytes are checked (`checked_file`); a damaged, "
+     "truncated or corrupt file raises `CheckpointError`")
     file = Path(file)
     if not file.exists(): raise FileNotFoundError(f"No checkpoint at {file}")
     try:
-        with torch.serialization.safe_globals(fastai_safe_globals()):
-            return torch.load(file, map_location=map_location, weights_only=weights_only, mmap=mmap)
+        with checked_file(file) as (f, records), torch.serialization.safe_globals(fastai_safe_globals()):
+            try: return torch.load(file if mmap else f, map_location=map_location, weights_only=weights_only, mmap=mmap)
+            except RuntimeError as e: raise _missing_record(file, f, records) or e
+    except CheckpointError: raise  # damaged (`checked_file`): its line says more than torch's error
     except pickle.UnpicklingError as e:
         raise CheckpointError(f"{file} holds objects other than tensors and plain Python values, so it was not loaded "
                               f"(weights_only=True): {str(e).splitlines()[0]}. Only load checkpoints you trust.") from e
@@ -193,6 +236,14 @@ def to_plain(o, where:str='state'):
     raise TypeError(f"{where} holds a {type(o).__name__}, which `torch.load(weights_only=True)` cannot read back: "
                     "store tensors and plain Python values only.")
 
+# %% ../../nbs/state/08_checkpoint.ipynb #abf28099
+def _check_plain(file):
+    "Check the bytes of a checkpoint that fastai's own `load` reads; torch's legacy format (not a zip) is left to it"
+    if not isinstance(file, (str, Path)) or not Path(file).is_file(): return  # fastai says what is wrong
+    with open(file, 'rb') as f: head = f.read(2)
+    if head and head != zipfile.stringFileHeader[:2]: return  # a legacy torch file (< 1.6), or no torch file at all
+    with checked_file(file): pass
+
 # %% ../../nbs/state/08_checkpoint.ipynb #56c2da54
 def _extends(learn) -> bool: return bool(stateful_cbs(learn)) and not in_lr_find(learn)
 
@@ -233,7 +284,9 @@ def _repro_load(fastai_load, clean_keys=noop):
     "Wrap one of fastai's `load` methods: read a fastrepro checkpoint once, check it, load it, hand over its state"
     @delegates(fastai_load)
     def load(self, file, device=None, with_opt=None, strict=True, **kwargs):
-        if not _extends(self): return fastai_load(self, file, device=device, with_opt=with_opt, strict=strict, **kwargs)
+        if not _extends(self):
+            _check_plain(join_path_file(file, self.path/self.model_dir, ext='.pth'))
+            return fastai_load(self, file, device=device, with_opt=with_opt, strict=strict, **kwargs)
         if device is None and hasattr(self.dls, 'device'): device = self.dls.device
         if isinstance(device, int): device = torch.device('cuda', device)
         if self.opt is None: self.create_opt()
@@ -271,7 +324,8 @@ for _cls, _clean in ((Learner, noop), (TextLearner, clean_raw_keys)):
     _cls.load = _repro_load(_cls._orig_load, _clean)
 
 # %% ../../nbs/state/08_checkpoint.ipynb #4db791d2
-_summaries = {}  # callback name -> function(state) -> what `checkpoint_info` shows of that callback's state
+# callback name -> function(state) -> what `checkpoint_info` shows of that callback's state; fastrepro's own first
+_summaries = dict(SUMMARIES)
 def checkpoint_summary(name:str, # the callback's `name`, under which its state is stored
                       ):
     "Decorator registering `f(state) -> dict` as what `checkpoint_info` shows of callback `name`'s state"
@@ -291,7 +345,8 @@ def checkpoint_info(path) -> dict:
     return res
 
 # %% ../../nbs/state/08_checkpoint.ipynb #67357361
-_upgrades = {}  # (callback name, format) -> function(state, learn) -> (that state in the next format, notes)
+# (callback name, format) -> function(state, learn) -> (that state in the next format, notes); fastrepro's own first
+_upgrades = dict(UPGRADES)
 
 def checkpoint_upgrade(name:str, # the callback's `name`, under which its state is stored
                        version:int, # the checkpoint format the function upgrades that state from (to `version+1`)
@@ -325,100 +380,3 @@ def _next_layout(extra:dict) -> dict:
     if extra['format'] > 1: return {**extra, 'format': extra['format'] + 1}
     meta = extra['meta']
     return {'format': 2, 'model': meta['model'], 'data': meta['data'], 'callbacks': extra['callbacks']}
-
-# %% ../../nbs/state/08_checkpoint.ipynb #206ec647
-PATCH_ZLIB_LEVEL = 6  # zlib's default: text diffs shrink 4-10x
-
-@functools.lru_cache(maxsize=2)  # a run saves the same patch and cells at every checkpoint
-def _compress(text:str) -> bytes: return zlib.compress(text.encode('utf-8', 'surrogateescape'), PATCH_ZLIB_LEVEL)
-
-def _pack(record:dict|None, key:str, to_text=str) -> dict|None:
-    "`record` with its field `key` stored as zlib-compressed text, `{key}_zlib`"
-    if not record or record.get(key) is None: return record
-    return {**{k: v for k, v in record.items() if k != key}, f'{key}_zlib': _compress(to_text(record[key]))}
-
-def _unpack(record:dict|None, key:str, from_text=str) -> dict|None:
-    "The record `_pack` packed, with its field `key`"
-    packed = f'{key}_zlib'
-    if not record or packed not in record: return record
-    text = zlib.decompress(record[packed]).decode('utf-8', 'surrogateescape')  # as it was encoded
-    return {**{k: v for k, v in record.items() if k != packed}, key: from_text(text)}
-
-def pack_git(git:dict|None) -> dict|None:
-    "`git` with its text `patch` stored zlib-compressed as `patch_zlib`"
-    return _pack(git, 'patch')
-def unpack_git(git:dict|None) -> dict|None:
-    "The record `pack_git` packed, with its text `patch`"
-    return _unpack(git, 'patch')
-def pack_entry(entry:dict|None) -> dict|None:
-    "`entry` with its executed `cells` stored zlib-compressed as `cells_zlib`"
-    return _pack(entry, 'cells', json.dumps)
-def unpack_entry(entry:dict|None) -> dict|None:
-    "The record `pack_entry` packed, with its `cells`"
-    return _unpack(entry, 'cells', json.loads)
-
-# %% ../../nbs/state/08_checkpoint.ipynb #22cd4185
-@checkpoint_summary('repro_cb')
-def _repro_summary(state:dict) -> dict:
-    "What `checkpoint_info` shows of a `ReproCB` state"
-    pos, prov = state['position'], state['provenance']
-    return dict(seed=state['seed'], fit_idx=pos['fit'], n_epoch=pos['n_epoch'], start_epoch=pos['epoch'],
-                batch=pos['batch'], iteration=pos['train_iter'], env=prov['env'], git=unpack_git(prov['git']),
-                entry=unpack_entry(prov['entry']), device=prov['device'], world_size=state['world_size'],
-                trackers=state['trackers'])
-
-_V1_TRACE_KEYS = {'fp_names': 'param_names', 'fp_rows': 'norm_rows', 'fp': 'norms'}  # format 1's names of the norms
-
-@checkpoint_upgrade('repro_cb', 1)
-def _repro_from_v1(d:dict, learn:Learner|None) -> tuple:
-    "A format-1 `ReproCB` state in format 2, and notes on what a resume of it lacks"
-    meta, nxt = d['meta'], d['epoch'] + 1  # format 1 stored the last epoch done (-1: none), format 2 the next to run
-    env = dict(meta['env'], switches={**meta['env']['switches'], **meta['switches']}, num_threads=meta['num_threads'])
-    pos = dict(fit=d['fit_idx'], n_epoch=d['n_epoch'], epoch=nxt, batch=0, train_iter=d['train_iter'])
-    res = dict(seed=d['seed'], position=pos, grad_present=d['grad_present'], recorder=d['recorder'],
-               trace={_V1_TRACE_KEYS.get(k, k): v for k, v in d['trace'].items()},
-               provenance=dict(env=env, git=meta['git'], device=meta['device']), ledger_run=None, fastai_callbacks={},
-               world_size=1)  # format 1 ran in one process
-    orders = [o.get('order') for o in d['rng'].get('loaders', [])]
-    if any(o is not None for o in orders): res['loader_orders'] = orders
-    notes = []
-    if d['mid_epoch']:
-        notes.append(f"format 1 holds no state to resume inside epoch {nxt}, where it was written: the resume restarts "
-                     "that epoch at its first batch, from the weights of its middle, so it is not bit-identical.")
-    cbs = learn.cbs if learn is not None else []  # `checkpoint_info` reads without a learner
-    kept = [cb.name for cb in cbs if isinstance(cb, (TrackerCallback, GradientAccumulation))]
-    if kept: notes.append(f"format 1 holds no state of {kept}: they restart (best value, patience, lowered rates, "
-                          "accumulated gradients), so the resume is not bit-identical.")
-    return res, notes
-
-@checkpoint_upgrade('repro_cb', 2)
-def _repro_from_v2(d:dict, learn:Learner|None) -> tuple:
-    "A format-2 `ReproCB` state in format 3, and notes on what a resume of it lacks"
-    if 'inside' not in d: return d, []
-    return {**d, 'inside': {**d['inside'], 'pass': None, 'hypers': None}}, [
-        f"format 2 did not record the interrupted pass (its order and length), so the resume inside epoch "
-        f"{d['position']['epoch']} checks only that the loader starts at batch {d['position']['batch']}; nor the "
-        "optimizer's hyper-parameters at that batch, which the next batch's schedule sets (a checkpoint written "
-        "after the epoch's last batch keeps the fit's first rate until the next epoch)."]
-
-@checkpoint_upgrade('repro_cb', 3)
-def _repro_from_v3(d:dict, learn:Learner|None) -> tuple:
-    ("A format-3 `ReproCB` state in format 4: no entry point and no tracker runs were recorded (a resume does not "
-     "read the entry; a fit resumed from it starts its trackers' runs anew)")
-    return {**d, 'provenance': {**d['provenance'], 'entry': None}, 'trackers': None}, []
-
-# %% ../../nbs/state/08_checkpoint.ipynb #ee4082da
-@checkpoint_summary('mixed_precision')
-def _loss_scale_summary(state:dict) -> dict:
-    "What `checkpoint_info` shows of a `ReproMixedPrecision` state: the mode and the loss scale a resume continues from"
-    return {'amp_mode': state['amp_mode'], 'loss_scale': state['scaler'].get('scale') if state['scaler'] else None}
-
-@checkpoint_upgrade('mixed_precision', 1)
-def _loss_scale_from_v1(d:dict, learn:Learner|None) -> tuple:
-    "A format-1 `ReproMixedPrecision` state in format 2 (nothing a resume reads is missing)"
-    return dict(amp_mode=d['amp_mode'], scaler=d['scaler'], n_fits=d['n_fits'], iter=d['epoch_end_iter'],
-                epoch_end_iter=d['epoch_end_iter'], history=d['history']), []
-
-# %% ../../nbs/state/08_checkpoint.ipynb #068b6857
-@checkpoint_summary('checkpoint_cb')
-def _checkpoint_cb_summary(state:dict) -> dict: return {'fit_number': state['fit_number']}
