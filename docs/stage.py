@@ -15,7 +15,7 @@ does not, done to a copy of each notebook, nothing rendered here.
 
 Run: `python docs/stage.py` (`.ci/docs` does, then Sphinx): nbdev's `proc_nbs` first (Quarto's part of `nbdev-docs`,
 without Quarto), which fails naming every notebook it could not process, then the staging into `_sphinx/src`."""
-import json, posixpath, re, shutil, sys
+import json, os, posixpath, re, shutil, sys
 from pathlib import Path
 import yaml
 
@@ -165,15 +165,30 @@ def unprocessed(nbs:Path, proc:Path) -> list[Path]:
             if not any(s.startswith(('.', '_')) for s in p.relative_to(nbs).parts) and not done(p)]
 
 
+def proc_one(src_dst) -> str | None:
+    "nbdev's processing of one notebook (`nbdev.serve_drv`, what `proc_nbs` runs for each): its error, None if none"
+    from nbdev.processors import FilterDefaults
+    from nbdev.serve_drv import main
+    try: main((*src_dst, FilterDefaults))
+    except Exception as e: return f'{type(e).__name__}: {e}'
+
+
 def process(cfg) -> Path:
-    "nbdev's processing of every notebook into `_proc/`; exits naming the notebooks it failed on"
+    "nbdev's processing of every notebook into `_proc/`; exits naming the notebooks it failed on, each with its error"
     from nbdev.serve import proc_nbs
+    nbs, proc = Path(cfg.nbs_path), cfg.config_path/'_proc'
     try: proc_nbs()
-    except Exception as e: print(f'nbdev could not process a notebook: {e}', file=sys.stderr)
-    proc = cfg.config_path/'_proc'
-    failed = unprocessed(Path(cfg.nbs_path), proc)
-    if failed: raise SystemExit(f"nbdev's processing failed on {len(failed)} notebook(s): " +
-                                ', '.join(str(p.relative_to(cfg.nbs_path)) for p in failed) +
+    except Exception: pass  # nbdev stops at the first failure: find them all, one notebook at a time
+    failed = unprocessed(nbs, proc)
+    if not failed: return proc
+    import multiprocessing, stage  # by its module's name: spawned workers find it (docs/ is on their path)
+    from concurrent.futures import ProcessPoolExecutor
+    with ProcessPoolExecutor(os.cpu_count(), mp_context=multiprocessing.get_context('spawn')) as ex:
+        errors = dict(zip(failed, ex.map(stage.proc_one, [(p, proc/p.relative_to(nbs)) for p in failed])))
+    errors = {p: e for p, e in errors.items() if e}
+    for p, e in errors.items(): print(f'\n### {p.relative_to(nbs)}\n{e}', file=sys.stderr)
+    if errors: raise SystemExit(f"\nnbdev's processing failed on {len(errors)} notebook(s): " +
+                                ', '.join(str(p.relative_to(nbs)) for p in errors) +
                                 ". nbdev runs every cell that holds an import: one that also uses names other cells "
                                 "define fails there (give its imports a cell of their own).")
     return proc
