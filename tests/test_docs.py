@@ -19,8 +19,8 @@ SHOTS = Path('/tmp/fastrepro_docs')
 CHROMIUM, CHROMEDRIVER = shutil.which('chromium') or shutil.which('chromium-browser'), shutil.which('chromedriver')
 BUILD_TIMEOUT_S = hang_limit(180)  # .ci/docs: nbdev's processing of every notebook, then Sphinx
 PAGE_TIMEOUT_S = hang_limit(10)
-DEMO_PAGE, DEMO_PLOTS = 'demo.html', 4  # the demo's plots: same seed, fp16 loss scale, nondeterminism, variants
-MATH_PAGE = 'stats.html'  # a page with TeX (effect sizes, power)
+DEMO_PAGE, DEMO_PLOTS = 'demo/run.html', 4  # the demo's plots: same seed, fp16 loss scale, nondeterminism, variants
+MATH_PAGE = 'experiments/stats.html'  # a page with TeX (effect sizes, power)
 
 if CHROMIUM is None or CHROMEDRIVER is None:
     pytest.skip("Debian's chromium and chromedriver are not installed (apt-get install -y chromium chromium-driver): "
@@ -186,7 +186,7 @@ def test_demo_page_plots(pages, site, browser):
 
 def test_signature_shown(site, browser):
     "show_doc's entry for ReproCB: its heading, then its signature with docments"
-    browser.get(site + 'callback.html')
+    browser.get(site + 'callback/repro.html')
     sig = browser.execute_script("""const h = [...document.querySelectorAll('h3')].find(h => h.textContent.trim() ===
         'ReproCB#' || h.firstChild.textContent.trim() === 'ReproCB');
       if (!h) return null;
