@@ -103,6 +103,9 @@ def stage_nb(nb:dict, here:Path, site:str, pages:dict, titles:dict|None=None) ->
                 if 'remove-input' not in tags: cells.append(dict(c, outputs=[]))
                 c = {'cell_type': 'markdown', 'metadata': {}, 'source': relink(md, here, site, pages, titles)}
         cells.append(c)
+    taken = {c['id'] for c in cells if c.get('id')}
+    for i, c in enumerate(cells):  # the cells nbdev and this staging add have none (nbformat warns for each page)
+        if not c.get('id'): c['id'] = next(f'staged-{i}{x}' for x in ('', *'abcdefgh') if f'staged-{i}{x}' not in taken)
     nb['cells'] = cells
     return nb
 
@@ -145,7 +148,7 @@ def stage(proc:Path, dest:Path, site:str, sidebar:list, root='index.ipynb') -> l
         nb = stage_nb(nb, rel, site, links, titles)
         if rel.as_posix() == root:
             toc = sidebar_toctrees(sidebar, {k.as_posix(): v for k, v in staged.items()}, staged[rel])
-            nb['cells'].append({'cell_type': 'markdown', 'metadata': {}, 'source': toc})
+            nb['cells'].append({'cell_type': 'markdown', 'id': 'sidebar-toctrees', 'metadata': {}, 'source': toc})
         out = dest/staged[rel]
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(nb))

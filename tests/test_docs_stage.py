@@ -60,6 +60,7 @@ def test_stage_nb():
     assert cells[2]['source'] == '### f\n\n[g](/a.ipynb#g)'
     assert cells[3]['source'] == 'def f(): pass' and cells[3]['metadata']['tags'] == ['hide-input']
     assert cells[3]['metadata']['mystnb']['code_prompt_show'] == 'Exported source'
+    assert all(c['id'] for c in cells) and len({c['id'] for c in cells}) == len(cells)  # nbformat wants unique ids
 
 
 def test_sidebar_toctrees():
