@@ -1,183 +1,197 @@
-"""The docs, offline: `nbdev-proc-nbs` processes the notebooks \
-into `_proc/` (what quarto would render), nbconvert renders
-HTML pages from the processed notebooks, and headless Chromium \
-loads them: the ReproCB page shows its signature, the demo
-page shows its plots. Screenshots go to /tmp/fastrepro_docs_*.png.
+"""The documentation site, as a reader gets it: `bash .ci/docs` builds it into `_docs/` (nbdev's processing, then
+Sphinx + myst-nb, warnings as errors), a local HTTP server serves it, and headless Chromium (selenium) opens every page:
+no console error, every image decoded, every internal link and `#fragment` resolves, the sidebar lists the pages in the
+order of `nbs/sidebar.yml`, every public name of `fastrepro.all` has its own entry that the site's search finds, the
+demo page shows its plots, math renders, and no page loads anything from another host. Screenshots for a person to look
+at go to /tmp/fastrepro_docs/.
 
-Skipped, with the reason, when Debian's `chromium` (`apt-get \
-install -y chromium`) or nbconvert (`pip install nbconvert`,
-in the dev extras) is missing. `nbdev-docs` builds the full site where quarto is installed; it is not needed here."""
-import ast, html, json, re, shutil, subprocess, sys
-import yaml
+Skipped, with the reason, where Debian's `chromium` and `chromedriver` are missing (`apt-get install -y chromium
+chromium-driver`; `.ci/run` installs them) or the docs extra is (`pip install -e ".[dev]"`)."""
+import functools, http.server, json, re, shutil, subprocess, sys, threading, urllib.parse
 from importlib.util import find_spec
 from pathlib import Path
-import pytest
+import pytest, yaml
 from conftest import hang_limit
 
 ROOT = Path(__file__).resolve().parents[1]
-PROC = ROOT/'_proc'
-CHROMIUM = shutil.which('chromium') or shutil.which('chromium-browser')
-PAGES = {'callback': '03_callback', 'demo': '16_demo'}  # what the test names each page -> its notebook
-DEMO_PLOTS = 4             # the demo page's plots: same seed, fp16 loss scale, nondeterminism, variants
-TIMEOUT_S = hang_limit(90)  # nbdev-proc-nbs executes the exported and show_doc cells of the two notebooks
-CHROME_TIMEOUT_S = hang_limit(10)
-CHROME_FLAGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-                '--disable-background-networking', '--disable-component-update', '--disable-sync', '--hide-scrollbars',
-                '--virtual-time-budget=10000', '--window-size=1280,1400']
+SITE = ROOT/'_docs'
+SHOTS = Path('/tmp/fastrepro_docs')
+CHROMIUM, CHROMEDRIVER = shutil.which('chromium') or shutil.which('chromium-browser'), shutil.which('chromedriver')
+BUILD_TIMEOUT_S = hang_limit(180)  # .ci/docs: nbdev's processing of every notebook, then Sphinx
+PAGE_TIMEOUT_S = hang_limit(10)
+DEMO_PAGE, DEMO_PLOTS = 'demo/run.html', 4  # the demo's plots: same seed, fp16 loss scale, nondeterminism, variants
+MATH_PAGE = 'experiments/stats.html'  # a page with TeX (effect sizes, power)
 
-if CHROMIUM is None: pytest.skip("Debian's chromium is not installed (apt-get install -y chromium): the rendered docs "
-                                 "cannot be checked in a browser", allow_module_level=True)
-if find_spec('nbconvert') is None: pytest.skip("nbconvert is not installed (pip install nbconvert, in the dev extras): "
-                                               "no HTML preview can be rendered", allow_module_level=True)
-if shutil.which('nbdev-proc-nbs') is None:
-    pytest.skip('nbdev is not installed (pip install -e ".[dev]")', allow_module_level=True)
+if CHROMIUM is None or CHROMEDRIVER is None:
+    pytest.skip("Debian's chromium and chromedriver are not installed (apt-get install -y chromium chromium-driver): "
+                "the site cannot be checked in a browser", allow_module_level=True)
+if find_spec('selenium') is None or find_spec('myst_nb') is None:
+    pytest.skip('selenium or the docs extra (Sphinx, myst-nb) is not installed: pip install -e ".[dev]"',
+                allow_module_level=True)
+sys.path.insert(0, str(ROOT/'docs'))
+from stage import front_matter, page_path  # noqa: E402  the staging's own naming of pages
+from selenium import webdriver  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
 
-# Run in each page once it has loaded: report the page's PNG images (how many, how many the browser decoded, their
-# sizes) in a `data-check` attribute of <body>, and bring the element the URL's #fragment names to the top for the
-# screenshot (#sig-NAME: the signature block of NAME; #img-N: the N-th image) by hiding the cells above it but the
-# first.
-PROBE = """<script>
-window.addEventListener('load', () => {
-  const imgs = [...document.querySelectorAll('img')].filter(i => i.src.startsWith('data:image/png;base64,'));
-  const ok = imgs.filter(i => i.complete && i.naturalWidth > 0);
-  const h = decodeURIComponent(location.hash.slice(1));
-  let target = null;
-  if (h.startsWith('img-')) target = imgs[+h.slice(4)];
-  if (h.startsWith('sig-')) target = [...document.querySelectorAll('pre')].find(p => \
-new RegExp(h.slice(4) + '\\\\(\\\\s*seed').test(p.textContent));
-  if (target) {  // bring it to the top of the screenshot: hide \
-the cells between the page's first cell and the one before it
-    const cells = [...document.querySelectorAll('.jp-Cell')], i = cells.indexOf(target.closest('.jp-Cell'));
-    cells.forEach((c, j) => { if (j > 0 && j < i - 1) c.style.display = 'none'; });
-  }
-  document.body.setAttribute('data-check', JSON.stringify({images: imgs.length, decoded: ok.length,
-    sizes: ok.map(i => [i.naturalWidth, i.naturalHeight]), target: !!target}));
-});
-</script>"""
-
-
-def _run(cmd, timeout, cwd=ROOT, hint=''):
-    "Run `cmd`; fail with its output (and `hint`) when it fails"
-    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    assert r.returncode == 0, (f"{' '.join(map(str, cmd))} failed ({r.returncode}){hint}:\n{r.stdout[-3000:]}\n"
-                               f"{r.stderr[-5000:]}")
-    return r
-
-PROC_HINT = (". nbdev-proc-nbs runs the exported cells, the show_doc cells and every cell that contains an import: "
-             "a cell that mixes an import with training runs the training there (nbdev warns 'Found cells containing "
-             "imports and other code'). Put such imports in a cell of their own")
-
-
-# nbformat's; nbdev adds others
-CELL_KEYS = {'cell_type', 'id', 'metadata', 'source', 'outputs', 'execution_count', 'attachments'}
-
-def preview_nb(proc:Path, dest:Path) -> Path:
-    "A processed notebook as nbconvert takes it, rendered as quarto would: nbdev's own cell keys and metadata dropped, "
-    "`#| ` directives removed from the sources, the input of `echo: false` cells (show_doc) hidden"
-    nb = json.loads(proc.read_text())
-    for i, c in enumerate(nb['cells']):
-        src = ''.join(c['source'])
-        # execnb's timing metadata is not nbformat's
-        keep = dict({k: v for k, v in c.items() if k in CELL_KEYS}, metadata={})
-        if c['cell_type'] == 'raw' and src.startswith('---'):  # the frontmatter: quarto's title and description
-            fm = yaml.safe_load(src.split('---')[1])
-            keep.update(cell_type='markdown', source=f"# {fm.get('title', '')}\n\n> {fm.get('description', '')}")
-        if c['cell_type'] == 'code':
-            if re.search(r'^#\|\s*echo:\s*false', src, flags=re.M): keep['metadata'] = {'tags': ['remove_input']}
-            keep['source'] = re.sub(r'^#\|.*\n?', '', src, flags=re.M)
-            for o in keep.get('outputs', []):  # quarto's link attributes, which plain Markdown would print
-                md = o.get('data', {}).get('text/markdown')
-                if md is not None: o['data']['text/markdown'] = re.sub(r'\{target="_blank"[^}]*\}', '', ''.join(md))
-        keep.setdefault('id', f'cell{i}')
-        nb['cells'][i] = keep
-    dest.write_text(json.dumps(nb))
-    return dest
+# Run in each loaded page: what it shows and links to
+PROBE = """return {
+  images: [...document.images].map(i => ({src: i.currentSrc, ok: i.complete && i.naturalWidth > 0,
+                                          w: i.naturalWidth, h: i.naturalHeight})),
+  links: [...document.querySelectorAll('a[href]')].map(a => a.href),
+  ids: [...document.querySelectorAll('[id], a[name]')].map(e => e.id || e.name),
+  sidebar: [...document.querySelectorAll('nav.bd-docs-nav a.reference.internal')].map(a => a.href),
+  captions: [...document.querySelectorAll('nav.bd-docs-nav p.caption')].map(p => p.textContent.trim()),
+  math: document.querySelectorAll('mjx-container').length,
+  text: document.body.innerText};"""
 
 
 @pytest.fixture(scope='module')
-def pages(tmp_path_factory):
-    "HTML pages rendered from the processed notebooks, each with the probe script: page name -> path"
-    out = tmp_path_factory.mktemp('docs')
-    # a filtered nbdev-proc-nbs rewrites it with only the pages it processed: put it back
-    sidebar = ROOT/'nbs'/'sidebar.yml'
-    before = sidebar.read_bytes() if sidebar.exists() else None
-    try: _run(['nbdev-proc-nbs', '--file-re', '^(' + '|'.join(PAGES.values()) + r')\.ipynb$'], TIMEOUT_S,
-              hint=PROC_HINT)
-    finally:
-        if before is not None: sidebar.write_bytes(before)
+def site():
+    "The site built by `bash .ci/docs`, served over HTTP from 127.0.0.1: its base URL"
+    r = subprocess.run(['bash', '.ci/docs'], cwd=ROOT, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    assert r.returncode == 0, f"bash .ci/docs failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-8000:]}"
+    print(r.stdout.strip().splitlines()[-1])  # its pages, size and time
+    handler = functools.partial(type('Quiet', (http.server.SimpleHTTPRequestHandler,),
+                                     {'log_message': lambda *a: None}), directory=str(SITE))
+    with http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler) as srv:
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        yield f'http://127.0.0.1:{srv.server_address[1]}/'
+        srv.shutdown()
+
+
+@pytest.fixture(scope='module')
+def browser():
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for a in ('--headless=new', '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--window-size=1280,1400',
+              '--disable-background-networking', '--disable-component-update', '--no-first-run'):
+        opts.add_argument(a)
+    opts.set_capability('goog:loggingPrefs', {'browser': 'ALL'})
+    d = webdriver.Chrome(options=opts, service=Service(CHROMEDRIVER))  # Debian's driver: nothing downloaded
+    d.set_page_load_timeout(PAGE_TIMEOUT_S)
+    SHOTS.mkdir(exist_ok=True)
+    yield d
+    d.quit()
+
+
+@pytest.fixture(scope='module')
+def pages(site, browser):
+    "Every HTML page of the site, opened in the browser: its path -> the probe's report and the console's errors"
     res = {}
-    for name, nb in PAGES.items():
-        proc = PROC/f'{nb}.ipynb'
-        assert proc.is_file(), f"nbdev-proc-nbs wrote no {proc}"
-        src = preview_nb(proc, out/f'{nb}.ipynb')
-        _run([sys.executable, '-m', 'nbconvert', '--to', 'html', '--no-prompt',
-              '--TagRemovePreprocessor.remove_input_tags=remove_input', '--output-dir', str(out), str(src)],
-             CHROME_TIMEOUT_S)
-        page = out/f'{nb}.html'
-        page.write_text(page.read_text().replace('</body>', PROBE + '\n</body>'))
-        res[name] = page
+    for f in sorted(SITE.rglob('*.html')):
+        path = f.relative_to(SITE).as_posix()
+        if path.startswith('_static/'): continue  # the theme's template fragments, no pages
+        browser.get(site + path)
+        browser.execute_script('return document.fonts.ready')
+        res[path] = dict(browser.execute_script(PROBE),
+                         errors=[e['message'] for e in browser.get_log('browser') if e['level'] == 'SEVERE'])
     return res
 
 
-def chromium(url:str, *args, tmp:Path) -> str:
-    "Load `url` in headless Chromium with `args` (--dump-dom, --screenshot=...); its stdout"
-    return _run([CHROMIUM, *CHROME_FLAGS, f'--user-data-dir={tmp/"chromium-profile"}', *args, url],
-                CHROME_TIMEOUT_S).stdout
+def test_no_console_errors(pages):
+    bad = {p: r['errors'] for p, r in pages.items() if r['errors']}
+    assert not bad, f"console errors: {bad}"
 
 
-def dom_check(dom:str) -> dict:
-    "The probe's report from a dumped DOM"
-    m = re.search(r'<body[^>]*data-check="([^"]*)"', dom)
-    assert m, 'the probe script did not run: no data-check attribute on <body>'
-    return json.loads(html.unescape(m[1]))
+def test_images_decoded(pages):
+    bad = {p: [i['src'][:80] for i in r['images'] if not i['ok']] for p, r in pages.items()}
+    assert not any(bad.values()), f"images the browser could not decode: { {p: b for p, b in bad.items() if b} }"
 
 
-def page_text(dom:str) -> str:
-    "The visible text of a dumped DOM, whitespace removed"
-    text = re.sub(r'<(script|style)\b.*?</\1>', '', dom, flags=re.S)
-    return re.sub(r'\s+', '', html.unescape(re.sub(r'<[^>]+>', '', text)))
+def test_links_resolve(pages, site):
+    "Every link into the site reaches a page, and the element its #fragment names"
+    broken = []
+    for p, r in pages.items():
+        for href in r['links']:
+            if not href.startswith(site): continue
+            u = urllib.parse.urlsplit(href[len(site):])
+            target = urllib.parse.unquote(u.path) or 'index.html'
+            if target.endswith('/'): target += 'index.html'
+            if target not in pages and not (SITE/target).is_file(): broken.append((p, href))
+            elif u.fragment and target in pages and urllib.parse.unquote(u.fragment) not in pages[target]['ids']:
+                broken.append((p, href))
+    assert not broken, f"{len(broken)} broken links (page, link): {broken}"
 
 
-def assigned(src:str) -> set:
-    "Names a cell assigns at its top level"
-    targets = [t for n in ast.parse(src).body if isinstance(n, ast.Assign) for t in n.targets]
-    return {e.id for t in targets for e in (t.elts if isinstance(t, ast.Tuple) else [t]) if isinstance(e, ast.Name)}
+def test_offline(pages):
+    "Nothing a page loads comes from another host: scripts, styles, images, fonts, MathJax"
+    remote = [(f.name, tag) for f in SITE.rglob('*.html') for tag in
+              re.findall(r'<(?:script|link|img)\b[^>]*?(?:src|href)="(?:https?:)?//[^"]*"[^>]*>',
+                                       f.read_text()) if 'rel="canonical"' not in tag]
+    assert not remote, remote[:5]
+    assert pages[MATH_PAGE]['math'] > 0, f"MathJax rendered no math on {MATH_PAGE}"
 
 
-def test_proc_output(pages):
-    ("nbdev-proc-nbs turns export cells into rendered docs: every public symbol of the demo has show_doc output "
-     "or shown source")
-    cells = [''.join(c['source']) for c in json.loads((PROC/'16_demo.ipynb').read_text())['cells']]
-    docs = [c for c in cells if 'show_doc(' in c]
-    assert docs and all('#| output: asis' in d for d in docs)
-    shown = {re.search(r'show_doc\(([\w.]+)\)', d)[1] for d in docs}
-    shown |= {n for c in cells if re.search(r'^#\| exports', c, flags=re.M) for n in assigned(c)}
-    import fastrepro.demo.run as demo
-    missing = [n for n in demo.__all__ if n not in shown]
-    assert not missing, f"public symbols of fastrepro.demo.run without docs: {missing}"
+def sidebar_pages() -> tuple[list, list]:
+    "The pages `nbs/sidebar.yml` lists, in its order, as the site names them; its section captions"
+    from nbdev.config import get_config
+    cfg = get_config(str(ROOT))
+    proc = cfg.config_path/'_proc'
+    hrefs, captions = [], []
+    def walk(items):
+        for it in items:
+            if isinstance(it, dict) and 'section' in it:
+                captions.append(it['section'])
+                walk(([it['href']] if it.get('href') else []) + it.get('contents', []))
+            else:
+                rel = Path(it['href'] if isinstance(it, dict) else it)
+                hrefs.append(page_path(rel, front_matter(json.loads((proc/rel).read_text()))).with_suffix('.html'))
+    walk(yaml.safe_load((Path(cfg.nbs_path)/'sidebar.yml').read_text())['website']['sidebar']['contents'])
+    return [h.as_posix() for h in hrefs], captions
 
 
-def test_callback_page_signature(pages, tmp_path):
-    url = pages['callback'].as_uri() + '#sig-ReproCB'
-    dom = chromium(url, '--dump-dom', tmp=tmp_path)
-    assert 'ReproCB(seed' in page_text(dom), "the ReproCB page does not show `ReproCB(seed...` (its show_doc signature)"
-    assert dom_check(dom)['target'], "no <pre> block holds the ReproCB signature"
-    shot = Path('/tmp/fastrepro_docs_callback.png')
-    chromium(url, f'--screenshot={shot}', tmp=tmp_path)
-    assert shot.is_file() and shot.stat().st_size > 10_000, shot
+def test_sidebar_order(pages, site, browser):
+    "The sidebar of every page lists the pages of sidebar.yml in its order, under its sections"
+    hrefs, captions = sidebar_pages()
+    r = pages['index.html']
+    shown = [urllib.parse.urlsplit(h).path.lstrip('/') for h in r['sidebar']]
+    shown = [s or 'index.html' for s in shown]
+    want = [h for h in hrefs if h != 'index.html']  # the root page heads the sidebar as the site's title
+    assert [s for s in shown if s != 'index.html'] == want, (shown, want)
+    assert all(c.split(' / ')[-1] in ' '.join(r['captions']) for c in captions), (r['captions'], captions)
+    assert all(len(pages[p]['sidebar']) == len(r['sidebar']) for p in want), "a page shows another sidebar"
+    browser.get(site + want[len(want)//2])
+    browser.save_screenshot(str(SHOTS/'sidebar.png'))
 
 
-def test_demo_page_plots(pages, tmp_path):
-    url = pages['demo'].as_uri()
-    dom = chromium(url, '--dump-dom', tmp=tmp_path)
-    assert dom.count('src="data:image/png;base64,') >= DEMO_PLOTS, (
-        "the demo page has fewer plots than the demo makes: are the notebook's outputs saved? "
-        "(nbdev-test --path-glob '*16_demo*' --save, then nbdev-clean)")
-    c = dom_check(dom)
-    assert c['images'] >= DEMO_PLOTS and c['decoded'] == c['images'], c
-    assert all(w >= 300 and h >= 150 for w, h in c['sizes']), c['sizes']
-    assert 'sameseed,samebits:passed' in page_text(dom), "the demo page does not show check 1's result"
-    for i, name in enumerate(('same_seed', 'fp16')):
-        shot = Path(f'/tmp/fastrepro_docs_demo_{name}.png')
-        chromium(f'{url}#img-{i}', f'--screenshot={shot}', tmp=tmp_path)
-        assert shot.is_file() and shot.stat().st_size > 10_000, shot
+def test_public_names_found(pages, site, browser):
+    "Every public name of `fastrepro.all` has its own entry (show_doc's heading), which the site's search finds"
+    import fastrepro.all as fa
+    browser.get(site + 'search.html')
+    browser.execute_script('return document.fonts.ready')
+    browser.set_script_timeout(PAGE_TIMEOUT_S)
+    found = browser.execute_async_script("""const names = arguments[0], done = arguments[arguments.length - 1];
+      const go = () => Search.hasIndex() ? done(Object.fromEntries(names.map(n =>
+        [n, Search._performSearch(...Search._parseQuery(n)).map(r => [r[0], r[1], r[2]])]))) : setTimeout(go, 50);
+      go();""", list(fa.__all__))
+    missing = []
+    for name in fa.__all__:
+        hits = [(doc, anchor) for doc, title, anchor in found[name] if title.split(' > ')[-1] == name and anchor]
+        if not any(anchor[1:] in pages[f'{doc}.html']['ids'] for doc, anchor in hits): missing.append(name)
+    assert not missing, f"public names with no entry the search finds: {missing}"
+    browser.get(site + 'search.html?q=ReproCB')
+    browser.execute_script('return document.fonts.ready')
+    browser.save_screenshot(str(SHOTS/'search_ReproCB.png'))
+
+
+def test_demo_page_plots(pages, site, browser):
+    r = pages[DEMO_PAGE]
+    plots = [i for i in r['images'] if i['ok'] and i['w'] >= 300 and i['h'] >= 150]
+    assert len(plots) >= DEMO_PLOTS, f"the demo page shows {len(plots)} plots, not {DEMO_PLOTS}: {r['images']}"
+    assert 'sameseed,samebits:passed' in ''.join(r['text'].split()), "the demo page does not show check 1's result"
+    browser.get(site + DEMO_PAGE)
+    browser.execute_script("document.querySelector('main img').scrollIntoView()")
+    browser.save_screenshot(str(SHOTS/'demo_plot.png'))
+
+
+def test_signature_shown(site, browser):
+    "show_doc's entry for ReproCB: its heading, then its signature with docments"
+    browser.get(site + 'callback/repro.html')
+    sig = browser.execute_script("""const h = [...document.querySelectorAll('h3')].find(h => h.textContent.trim() ===
+        'ReproCB#' || h.firstChild.textContent.trim() === 'ReproCB');
+      if (!h) return null;
+      h.scrollIntoView();
+      const pre = h.closest('section').querySelector('pre');
+      return pre && pre.textContent;""")
+    browser.save_screenshot(str(SHOTS/'callback_ReproCB.png'))
+    assert sig and 'ReproCB(' in sig and '# the run seed' in sig, f"ReproCB's entry shows no signature: {sig}"

@@ -64,7 +64,7 @@ def first_difference(a, b, where:str='') -> str|None:
 _NOT_COMPUTED = ('provenance', 'ledger_run', 'trackers')
 
 def compare_states(a:dict, b:dict) -> dict:
-    ("Each quantity of two checkpoints (`_record`s) -> None when bit-identical, else where it first differs: the "
+    ("Each quantity of two checkpoints -> None when bit-identical, else where it first differs: the "
      "trace, weights, optimizer state, generator states, loss-scale history and every other callback state")
     ca, cb = a['extra']['callbacks'], b['extra']['callbacks']
     ra, rb = ({k: v for k, v in c['repro_cb'].items() if k not in _NOT_COMPUTED} for c in (ca, cb))
@@ -86,8 +86,8 @@ def _trace_before(trace:pd.DataFrame, pos:dict) -> pd.DataFrame:
     return trace[(trace.fit < pos['fit']) | ((trace.fit == pos['fit']) & (trace.iter < pos['iteration']))]
 
 def compare_digests(entry:dict, # the manifest entry of a checkpoint `keep` deleted (`read_manifest`)
-                    a:dict, # the run's newest checkpoint (`_record`): its trace holds the deleted one's
-                    b:dict, # the re-run's checkpoint at the entry's position (`_record`)
+                    a:dict, # the run's newest checkpoint, as read: its trace holds the deleted one's
+                    b:dict, # the re-run's checkpoint at the entry's position, as read
                    ) -> dict:
     ("Each quantity -> None when bit-identical, else where it first differs: the trace up to the entry's position, "
      "then the weights, optimizer state and generator states by the digests the manifest recorded")

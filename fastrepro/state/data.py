@@ -309,7 +309,7 @@ def _drawless_tfms() -> tuple:
 
 def steps_draw(dl) -> bool:
     ("Can a step of `dl` (making a batch, `after_batch`) draw random numbers? "
-     "False only for fastai's text and tabular loaders made of `_drawless_tfms`")
+     "False only for fastai's text and tabular loaders made of transforms that draw nothing")
     return not _as_shipped(dl) or not {type(f) for f in _tfms(dl)} <= set(_drawless_tfms())
 
 def make_deterministic(dls, # a `DataLoaders`, one `DataLoader`, or a list of them
