@@ -14,6 +14,7 @@ from fastai.test_utils import synth_learner, RegModel
 from conftest import ROOT, fastrepro_cli, hang_limit
 from fastrepro.state.integrity import zip_records, record_holds, LOCAL_HEADER
 from fastrepro.state.checkpoint import CheckpointError, read_checkpoint, checkpoint_info, split_state, FORMAT_VERSION
+from fastrepro.state import checkpoint
 from fastrepro.callback.repro import ReproCB
 from fastrepro.callback.preempt import CheckpointCB
 from fastrepro.state.rng import seed_everything
@@ -135,8 +136,12 @@ def outcome(f, ref, learn, ref_model) -> str:
     return res[0] if len(set(res)) == 1 else f'readers disagree: {res}'
 
 
-def test_fuzz_flips_and_cuts(ck, capsys):
-    "Every cut and every flipped byte: refused with the line, or loaded bit-identical; never a load that differs"
+@pytest.mark.parametrize('beside', [False, True], ids=['checked before the read', 'checked beside the read'])
+def test_fuzz_flips_and_cuts(ck, capsys, monkeypatch, beside):
+    ("Every cut and every flipped byte: refused with the line, or loaded bit-identical; never a load that differs; "
+     "with the CRC-32 pass before torch reads the file (a small file) and beside it (a large one: torch reads damaged "
+     "bytes, and nothing of them is handed on)")
+    if beside: monkeypatch.setattr(checkpoint, 'BESIDE_BYTES', 0)
     ref, models = read_checkpoint(ck), ck.parent
     learn = learner(ck.parent.parent)
     with warnings.catch_warnings():
@@ -157,7 +162,8 @@ def test_fuzz_flips_and_cuts(ck, capsys):
             if res == 'identical': same_at.append(w)
             if res not in ('refused', 'identical'): bad[w] = res
     with capsys.disabled():
-        print(f"\nfuzz: {len(trials)} tried ({N_CUTS} cuts, {len(trials) - N_CUTS} flips): "
+        print(f"\nfuzz ({'beside' if beside else 'before'} the read): {len(trials)} tried ({N_CUTS} cuts, "
+              f"{len(trials) - N_CUTS} flips): "
               + ', '.join(f'{k} {v}' for k, v in sorted(counts.items())) + f"; loaded-different {len(bad)}\n"
               f"loaded identical (bytes no reader uses): {same_at}")
     assert not bad, bad

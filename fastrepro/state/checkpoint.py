@@ -8,6 +8,7 @@ Docs: https://fastrepro.github.io/fastrepro/state/checkpoint.html.md"""
 from __future__ import annotations
 import os, sys, shutil, ctypes, pickle, zipfile, tempfile, warnings, functools
 import errno as errno_module
+from concurrent.futures import ThreadPoolExecutor
 from fastai.basics import *
 from fastai.text.learner import TextLearner, clean_raw_keys
 from fastai.callback.tracker import TrackerCallback
@@ -15,16 +16,16 @@ from fastai.callback.training import GradientAccumulation
 from .core import *
 from .distrib import distributed, gather
 from .data import data_signature
-from .integrity import IntegrityError, zip_records, check_records, record_holds, missing_storages
+from .integrity import IntegrityError, zip_records, check_crcs, record_holds, missing_storages
 from .integrity import damage_line
 from .formats import SUMMARIES, UPGRADES
 
 # %% auto #0
-__all__ = ['STATE_KEY', 'FORMAT_VERSION', 'TMP_PREFIX', 'DURABLE', 'CheckpointError', 'ResumeError', 'atomic_torch_save',
-           'CheckpointWriteError', 'write_failure', 'DamagedCheckpointError', 'checked_file', 'fastai_safe_globals',
-           'read_checkpoint', 'split_state', 'model_signature', 'check_compatible', 'checkpoint_state',
-           'callback_states', 'to_plain', 'checkpoint_summary', 'checkpoint_info', 'checkpoint_upgrade',
-           'upgrade_state']
+__all__ = ['STATE_KEY', 'FORMAT_VERSION', 'TMP_PREFIX', 'DURABLE', 'BESIDE_BYTES', 'CheckpointError', 'ResumeError',
+           'atomic_torch_save', 'CheckpointWriteError', 'write_failure', 'DamagedCheckpointError', 'checked_file',
+           'fastai_safe_globals', 'read_checkpoint', 'split_state', 'model_signature', 'check_compatible',
+           'checkpoint_state', 'callback_states', 'to_plain', 'checkpoint_summary', 'checkpoint_info',
+           'checkpoint_upgrade', 'upgrade_state']
 
 # %% ../../nbs/state/08_checkpoint.ipynb #f299278a
 STATE_KEY = '__fastrepro__'   # where fastrepro's state lives inside the optimizer entry
@@ -124,20 +125,34 @@ def _holds(f, record:str|None):
     try: return record_holds(f, zip_records(f), record)
     except IntegrityError: return None
 
+def _damaged(file, f, e:IntegrityError) -> DamagedCheckpointError:
+    "The one-line error for `file`'s damage `e`, naming what the damaged record holds"
+    return DamagedCheckpointError(damage_line(file, e, _holds(f, e.record)), file, e.record,
+                                  f"{e.record}: {e.why}" if e.record else e.why)
+
+# a file this large has its CRC-32 pass run beside torch's reading, in a thread; a smaller one (a few ms of reading)
+# is checked before it is read: the thread's switches of the GIL cost it more than the pass (bench/integrity_cost.py)
+BESIDE_BYTES = 32 * 2**20
+
 @contextmanager
 def checked_file(file, # a checkpoint
                 ):
-    ("`(open file, its zip records)` for reading `file` once its bytes are checked (`check_records`); damage raises "
-     "`DamagedCheckpointError`")
+    ("`(open file, its zip records)` to read `file` while the CRC-32 pass over its records (`check_crcs`) runs "
+     "(beside the reading, for a large file); leaving raises `DamagedCheckpointError` on damage, over any error the "
+     "reading met")
     file = Path(file)
     if file.is_dir(): raise CheckpointError(f"{file} is a folder, not a checkpoint: pass the .pth file a save wrote.")
-    with open(file, 'rb') as f:
-        try: records = check_records(f)
-        except IntegrityError as e:
-            raise DamagedCheckpointError(damage_line(file, e, _holds(f, e.record)), file, e.record,
-                                         f"{e.record}: {e.why}" if e.record else e.why) from e
+    with open(file, 'rb') as f, open(file, 'rb') as g, ThreadPoolExecutor(1) as pool:
+        try:
+            records = zip_records(f)
+            crcs = pool.submit(check_crcs, g, records)  # its own file: the reading moves `f`; zlib-ng frees the GIL
+            if file.stat().st_size < BESIDE_BYTES: crcs.result()
+        except IntegrityError as e: raise _damaged(file, f, e) from e
         f.seek(0)
-        yield f, records
+        try: yield f, records
+        finally:  # what was read is handed on only once every record is found intact
+            try: crcs.result()
+            except IntegrityError as e: raise _damaged(file, f, e) from e
 
 def _missing_record(file, f, records) -> DamagedCheckpointError|None:
     "The error for a file whose pickle refers to a tensor no record holds (a record removed), or None"

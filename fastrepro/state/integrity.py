@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 # %% auto #0
-__all__ = ['LOCAL_HEADER', 'LOCAL_MAGIC', 'CHUNK', 'FASTREPRO_KEY', 'IntegrityError', 'Record', 'zip_records', 'check_records',
-           'storage_paths', 'record_holds', 'missing_storages', 'record_words', 'older_checkpoints', 'intact',
-           'damage_line']
+__all__ = ['LOCAL_HEADER', 'LOCAL_MAGIC', 'CHUNK', 'FASTREPRO_KEY', 'IntegrityError', 'Record', 'zip_records', 'check_crcs',
+           'check_records', 'storage_paths', 'record_holds', 'missing_storages', 'record_words', 'older_checkpoints',
+           'intact', 'damage_line']
 
 # %% ../../nbs/state/08a_integrity.ipynb #e4dc5e44
 # a zip record's local header (the zip format's APPNOTE 4.3.7): 30 bytes, then its name and its extra field (where
@@ -76,11 +76,10 @@ def _crc(f, m, r:Record) -> int:
     while left and (b := f.read(min(left, CHUNK))): crc, left = crc32(b, crc), left - len(b)
     return crc
 
-def check_records(f, # a zip file open for reading in binary mode
-                 ) -> list:
-    ("The `zip_records` of `f`, each one's bytes checked against its CRC-32 in one pass over the file; damage raises "
-     "`IntegrityError`")
-    records = zip_records(f)
+def check_crcs(f, # a zip file open for reading in binary mode
+               records:list, # its `zip_records`
+              ):
+    "Each of `records`' bytes checked against its CRC-32, in one pass over `f`; damage raises `IntegrityError`"
     try: m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError): m = None  # no file descriptor, or a file system without memory maps
     try:
@@ -89,6 +88,12 @@ def check_records(f, # a zip file open for reading in binary mode
                 raise IntegrityError("its bytes do not match the CRC-32 written with them", r.name)
     finally:
         if m is not None: m.close()
+
+def check_records(f, # a zip file open for reading in binary mode
+                 ) -> list:
+    "The `zip_records` of `f`, each one's bytes checked against its CRC-32 (`check_crcs`); damage: `IntegrityError`"
+    records = zip_records(f)
+    check_crcs(f, records)
     return records
 
 # %% ../../nbs/state/08a_integrity.ipynb #951fa852
