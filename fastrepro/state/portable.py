@@ -6,7 +6,6 @@ Docs: https://fastrepro.github.io/fastrepro/state/portable.html.md"""
 
 # %% ../../nbs/state/02_portable.ipynb #50d8b0df
 from __future__ import annotations
-import os, sys
 
 # %% auto #0
 __all__ = ['PORTABLE_THREADS', 'PORTABLE_THREADS_VAR', 'LAUNCHER', 'DETERMINISTIC_ENV', 'PORTABLE_ISA', 'portable_env',
