@@ -15,7 +15,7 @@ from ..state.checkpoint import read_checkpoint, split_state
 from ..state.checkpoint import CheckpointError, DamagedCheckpointError
 from ..state.integrity import older_checkpoints
 from ..record.trace import state_digest
-from .repro import ReproCB, show_loaded_fit
+from .repro import ReproCB
 from ..state.resume import inside_problem
 
 # %% auto #0
@@ -186,13 +186,7 @@ class CheckpointCB(Callback):
         if not self.autoresume: return start_epoch
         self.fit_number = n = next(_script_fits)
         done = self.path.with_name(f'{self.fname}-fit{n}.pth')
-        if done.exists():
-            self._check(checkpoint_info(done), n_epoch)
-            self.learn.load(done.stem, with_opt=self.with_opt)
-            show_loaded_fit(self.learn)  # the Recorder shows the fit, as after a fit
-            _tell(f"fastrepro: fit {n} ({n_epoch} epochs) was completed by an earlier run; "
-                  f"its end state is loaded from {done}.")
-            return None
+        if done.exists(): return self._skip(done, checkpoint_info(done), n_epoch)
         if not self.path.exists(): return start_epoch
         info = self._newest_intact()  # a damaged newest one: the newest intact one kept (`keep`) takes its place
         if info.get('fit_number') != n:
@@ -201,11 +195,22 @@ class CheckpointCB(Callback):
                                   f"but the end state of fit {n} ({done.name}) is missing, so this fit cannot be "
                                   f"skipped. Delete the checkpoints in {self.path.parent} to start over.")
             return start_epoch  # this fit had not written a checkpoint yet
+        if info['fit_ended']: return self._skip(self.path, info, n_epoch)  # stopped before its end had its name
         self._check(info, n_epoch)
         self.learn.load(self.fname, with_opt=self.with_opt)
         _tell(f"fastrepro: fit {n} continues where an earlier run stopped it: epoch {info['start_epoch']}, "
               f"after {info['batch']} batch(es), from {self.path}.")
         return info['start_epoch']
+
+    def _skip(self, file:Path, info:dict, n_epoch:int) -> None:
+        "Skip this fit, which an earlier run completed: load its end state from `file`, as the fit left it"
+        self._check(info, n_epoch)
+        self.learn.load(file.stem, with_opt=self.with_opt)
+        self.learn.repro_cb.end_loaded_fit(file)
+        done = self.path.with_name(f'{self.fname}-fit{self.fit_number}.pth')
+        if file != done and rank_distrib() == 0: _link(file, done)
+        _tell(f"fastrepro: fit {self.fit_number} ({n_epoch} epochs) was completed by an earlier run; "
+              f"its end state is loaded from {file}.")
 
     def _check(self, info:dict, n_epoch:int):
         "Refuse to continue a checkpoint that other code or another fit call wrote"

@@ -13,8 +13,8 @@ from ..state.rng import derive_seed, seed_global, rng_states, torch_seeded
 from ..state.kernels import FitSwitches
 from ..state.checkpoint import *
 from ..state.formats import pack_git, pack_entry
-from ..state.resume import Position, ResumePlan, inside_state
-from ..state.fastai_state import recorder_state, set_recorder_state, grad_presence, fastai_callback_states
+from ..state.resume import Position, ResumePlan, inside_state, end_state, restore_end
+from ..state.fastai_state import recorder_state, grad_presence, fastai_callback_states
 from ..state.data import make_deterministic, undo_deterministic, set_epoch, loader_orders
 from ..state.distrib import world_size
 from ..state.audit import audit_fit, audit_resume, Findings
@@ -27,7 +27,7 @@ from ..record.trackers import FitTrackers
 
 # %% auto #0
 __all__ = ['SEED_DRAW_BITS', 'UNSEEDED_START', 'MOVED_TO_RECORD', 'FitProvenance', 'UnseededStartWarning', 'FitStart', 'ReproCB',
-           'show_loaded_fit', 'repro_state']
+           'repro_state']
 
 # %% ../../nbs/callback/01_repro.ipynb #7e6d10e3
 SEED_DRAW_BITS = 31    # seeds drawn when none is given: short enough to type back
@@ -252,14 +252,16 @@ class ReproCB(Callback):
     def load_state_dict(self, d:dict):
         "Keep a checkpoint's state pending: the next fit makes its resume plan from it"
         self.seed, self.pending = _loaded_seed(self.seed, d), d
+    def end_loaded_fit(self, file=None):
+        "Put the learner where the fit of the checkpoint it loaded (`file`) ended: a rerun that skips that fit"
+        st = self.pending
+        if st is None: raise ResumeError("No checkpoint is loaded: `learn.load` the fit's end state first.")
+        restore_end(self.learn, st, file)
+        self.trace.load_state_dict(st['trace'])
+        self.position = Position(**{k: st['position'][k] for k in ('fit', 'n_epoch', 'epoch', 'batch')})
     def note(self, event:str):
         "Record `event` (what went wrong, e.g. a checkpoint not written) in the trace, at this iteration, and ledger"
         self.trace.note(self.learn.train_iter, event); self.record.note(event)
-
-def show_loaded_fit(learn:Learner):
-    "Show the fit of the checkpoint `learn` loaded (and did not fit since) in its Recorder, as after that fit"
-    rec = (learn.repro_cb.pending or {}).get('recorder')
-    if rec is not None: set_recorder_state(learn.recorder, rec, 'cpu')
 
 # %% ../../nbs/callback/01_repro.ipynb #9e1a0aa7
 def repro_state(cb:ReproCB) -> dict:
@@ -271,7 +273,13 @@ def repro_state(cb:ReproCB) -> dict:
                trackers=cb.trackers.state(), fastai_callbacks=fastai_callback_states(learn), world_size=world_size())
     if not cb.deterministic_data: res['loader_orders'] = loader_orders(learn.dls)
     if cb.position.batch: res['inside'] = inside_state(learn, cb._train_end, cb.deterministic_data and cb.active)
+    if _fit_over(cb): res['end'] = end_state(learn)
     return res
+
+def _fit_over(cb:ReproCB) -> bool:
+    "Has the learner's fit no epoch left (ended, cancelled, or after its last epoch)? Its end is then known"
+    pos = cb.position
+    return pos.fit >= 0 and (not cb.active or (pos.batch == 0 and pos.epoch >= pos.n_epoch))
 
 @patch(as_prop=True)
 def repro_trace(self:Learner) -> pd.DataFrame:

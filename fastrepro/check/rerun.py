@@ -10,7 +10,6 @@ import os, re, sys, json, shlex, runpy, types, signal, threading, subprocess, fu
 from pathlib import Path
 from fastai.basics import *
 from ..state.core import training_fit
-from ..callback.repro import show_loaded_fit
 from ..state.checkpoint import model_signature
 from ..state.data import data_fingerprint
 from ..state.environment import environment_info
@@ -79,7 +78,7 @@ class StopAtCB(Callback):
         if self.fits - 1 != s['fit']: return None if self.fits - 1 < s['fit'] else start_epoch
         self.learn.load(s['path'])
         if s['epoch'] < n_epoch: return s['epoch']
-        show_loaded_fit(self.learn)  # written after its fit: the next fit continues from it
+        self.learn.repro_cb.end_loaded_fit(s['path'])  # written after its fit: the next fit continues from it
         return None
 
     def _is_target(self, t:dict) -> bool:

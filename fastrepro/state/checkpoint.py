@@ -29,7 +29,7 @@ __all__ = ['STATE_KEY', 'FORMAT_VERSION', 'TMP_PREFIX', 'DURABLE', 'BESIDE_BYTES
 
 # %% ../../nbs/state/08_checkpoint.ipynb #f299278a
 STATE_KEY = '__fastrepro__'   # where fastrepro's state lives inside the optimizer entry
-FORMAT_VERSION = 5            # the checkpoint layout; a change bumps it, and older ones keep loading (`upgrade_state`)
+FORMAT_VERSION = 6            # the checkpoint layout; a change bumps it, and older ones keep loading (`upgrade_state`)
 
 class CheckpointError(RuntimeError):
     "A checkpoint that cannot be used for an exact resume: corrupt, truncated, or from another model or data"

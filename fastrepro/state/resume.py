@@ -11,15 +11,15 @@ from dataclasses import dataclass, asdict
 import numpy as np
 from fastai.basics import *
 from .core import *
-from .rng import rng_states, restore_rng_states
+from .rng import rng_states, restore_rng_states, random_state, set_random_state
 from .checkpoint import *
 from .fastai_state import *
-from .data import data_streams, set_loader_orders
+from .data import data_streams, loader_orders, set_loader_orders
 from .passes import pass_problem, pass_position, resumed_pass_differs
 from .distrib import world_size
 
 # %% auto #0
-__all__ = ['Position', 'inside_state', 'inside_problem', 'ResumePlan']
+__all__ = ['END_COUNTERS', 'Position', 'inside_state', 'inside_problem', 'ResumePlan', 'end_state', 'restore_end']
 
 # %% ../../nbs/state/10_resume.ipynb #f4380435
 @dataclass
@@ -196,3 +196,43 @@ class ResumePlan:
     def unsilence(self):
         for cb in self._silenced: cb.run = True
         self._silenced = []
+
+# %% ../../nbs/state/10_resume.ipynb #8b601475
+# fastai's counters as a fit leaves them (`TrainEvalCallback`, `Learner._do_fit`, `all_batches`), set on the learner
+END_COUNTERS = ('train_iter', 'pct_train', 'epoch', 'n_epoch', 'iter', 'n_iter', 'training')
+
+def end_state(learn:Learner, # the learner, after its fit, or after its last epoch
+             ) -> dict:
+    "What the fit leaves besides weights, optimizer, Recorder and callbacks, as it stands now, `weights_only`-safe"
+    rec = getattr(learn, 'recorder', None)
+    hps = None if rec is None else vars(rec).get('hps')  # `vars`: fastai's callbacks delegate missing names
+    return dict(generators=rng_states(), counters={k: vars(learn)[k] for k in END_COUNTERS if k in vars(learn)},
+                modes=[m.training for m in learn.model.modules()],
+                loaders=[random_state(dl.rng) for dl in learn.dls.loaders], orders=loader_orders(learn.dls),
+                carried=carried_state(learn.model),
+                hps=None if hps is None else {k: torch.tensor(v, dtype=torch.float64) for k, v in hps.items()})
+
+def restore_end(learn:Learner, # the learner that loaded the checkpoint
+                state:dict, # the checkpoint's `ReproCB` state (`end`, `recorder`, `grad_present`, `fastai_callbacks`)
+                file=None, # the checkpoint, for the message
+               ):
+    "Put `learn` where the fit that wrote `state` left it, as if that fit had just returned"
+    end = state.get('end')
+    if end is None:
+        raise ResumeError(f"{file or 'The checkpoint'} holds no end state of its fit (fastrepro wrote none before "
+                          "checkpoint format 6): skipping the fit would leave the generators, fastai's counters and "
+                          "the loaders elsewhere than the fit left them. Delete it to run that fit again.")
+    device = learn.dls.device or 'cpu'
+    restore_rng_states(end['generators'])
+    for k, v in end['counters'].items(): setattr(learn, k, v)
+    for m, mode in zip(learn.model.modules(), end['modes']): m.training = mode
+    for dl, st in zip(learn.dls.loaders, end['loaders']): set_random_state(st, dl.rng)
+    set_loader_orders(learn.dls, end['orders'])
+    set_carried_state(learn.model, end['carried'], device)
+    set_grad_presence(learn.model, state['grad_present'])
+    rec = getattr(learn, 'recorder', None)
+    if rec is not None and state['recorder'] is not None:
+        set_recorder_state(rec, state['recorder'], device)
+        if rec.values: learn.final_record = rec.values[-1].copy()
+        if end['hps'] is not None: rec.hps = {k: v.tolist() for k, v in end['hps'].items()}
+    set_fastai_callback_states(learn, state['fastai_callbacks'])

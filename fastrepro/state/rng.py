@@ -13,7 +13,7 @@ from .kernels import set_deterministic, set_portable, deterministic_switches
 
 # %% auto #0
 __all__ = ['SEED_BITS', 'NUMPY_SEED_MOD', 'SEEDED_BELOW', 'derive_seed', 'seed_global', 'seed_everything', 'torch_seeded',
-           'rng_states', 'restore_rng_states']
+           'random_state', 'set_random_state', 'rng_states', 'restore_rng_states']
 
 # %% ../../nbs/state/01_rng.ipynb #bd454b04
 SEED_BITS = 63       # derived seeds are non-negative and fit torch's int64 seed
@@ -82,11 +82,19 @@ def _set_torch_state(st, gen=torch.default_generator):
         st = torch.from_numpy(np.concatenate([b[:_TORCH_MT_START], words, b[mid:]]))
     gen.set_state(st)
 
+def random_state(r=random) -> dict:
+    "The state of Python's generator `r` (a `random.Random`, or the module's global one), `weights_only`-safe"
+    version, internal, gauss_next = r.getstate()
+    return {'version': version, 'state': _pack_u32(internal), 'gauss_next': gauss_next}
+
+def set_random_state(st:dict, r=random):
+    "Restore a state from `random_state` into `r`"
+    r.setstate((st['version'], tuple(_unpack_u32(st['state']).tolist()), st['gauss_next']))
+
 def rng_states() -> dict:
     "Every global generator state: Python, NumPy, torch CPU and every CUDA device"
-    version, internal, gauss_next = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    res = {'python': {'version': version, 'state': _pack_u32(internal), 'gauss_next': gauss_next},
+    res = {'python': random_state(),
            'numpy': {'kind': kind, 'keys': _pack_u32(keys), 'pos': int(pos), 'has_gauss': int(has_gauss),
                      'cached_gaussian': float(cached)},
            'torch': _torch_state()}
@@ -96,8 +104,8 @@ def rng_states() -> dict:
 def restore_rng_states(states:dict, # from `rng_states`, possibly through `torch.save`/`torch.load(weights_only=True)`
                       ):
     "Restore every generator state captured by `rng_states`"
-    py, npy = states['python'], states['numpy']
-    random.setstate((py['version'], tuple(_unpack_u32(py['state']).tolist()), py['gauss_next']))
+    npy = states['numpy']
+    set_random_state(states['python'])
     np.random.set_state((npy['kind'], _unpack_u32(npy['keys']), npy['pos'], npy['has_gauss'], npy['cached_gaussian']))
     _set_torch_state(states['torch'])
     if 'cuda' in states:
