@@ -13,14 +13,14 @@ import fastrepro
 from ..state.portable import DETERMINISTIC_ENV
 from ..state.kernels import same_kernels_env
 from ..callback.fp16 import ReproMixedPrecision  # also adds `Learner.to_repro_fp16`
-from ..callback.preempt import CheckpointCB
+from ..callback.preempt import CheckpointCB, states_digest
 from ..state.checkpoint import checkpoint_info, read_checkpoint
 from ..record.trace import RunRecord, state_digest
 from .ulmfit import *
 
 # %% auto #0
-__all__ = ['STOP_EPOCH', 'RESUME_SEED_OFFSET', 'JOB_FILE', 'JOB_TIMEOUT_S', 'BEST', 'serve_jobs', 'JobServer', 'job_server',
-           'StopAfter', 'KillAt', 'Job', 'run_job', 'job_process', 'job_error']
+__all__ = ['STOP_EPOCH', 'RESUME_SEED_OFFSET', 'JOB_FILE', 'JOB_TIMEOUT_S', 'BEST', 'SCRIPT_STOPS', 'serve_jobs', 'JobServer',
+           'job_server', 'StopAfter', 'KillAt', 'Job', 'KillOn', 'after_script', 'run_job', 'job_process', 'job_error']
 
 # %% ../../nbs/demo/02_jobs.ipynb #d26130da
 def _run_forked(req:dict) -> int:
@@ -171,28 +171,73 @@ class Job:
         pd.to_pickle({f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, self.path/JOB_FILE)
         return self.path/JOB_FILE
 
-def _script(job:Job, kill=None):
-    "The three-fit ULMFiT script, every learner with `CheckpointCB(autoresume=True)`; `kill`: (iteration, signal, fit)"
-    ckpt = lambda: [CheckpointCB(every_iters=job.every_iters, autoresume=True)] + ([KillAt(*kill)] if kill else [])
-    lm = ulmfit_lm_learner(job.df, job.profile, job.seed, job.path, num_workers=job.num_workers, cbs=ckpt())
+class KillOn(Callback):
+    "Send this process `signum` at `event` (`after_batch`: of training iteration `it`) of the script's fit `fit`"
+    order = CheckpointCB.order + 1  # after CheckpointCB's part of the event: its checkpoint, or its end state
+    def __init__(self, event:str, signum:int, fit:int|None=None, it:int|None=None):
+        store_attr(); setattr(self, event, self._hit)
+    def _hit(self):
+        if self.it is not None and not (self.training and self.learn.train_iter == self.it): return
+        cb = getattr(self.learn, 'checkpoint_cb', None)
+        if self.fit is None or (cb is not None and cb.fit_number == self.fit): os.kill(os.getpid(), self.signum)
+
+# the boundaries of the script's stages where `script` mode can be stopped (`stop=(name, signal)`): each is a callback
+# event `KillOn` hits, (event, script fit, training iteration), or a line of the script, None
+SCRIPT_STOPS = {
+    'lm-inside': ('after_batch', 0, 4),        # the language model's (last) epoch, after a periodic checkpoint (3)
+    'lm-validating': ('after_validate', 0, None),  # after its last batch, before its end checkpoint
+    'lm-ended': None,                          # right after its end checkpoint: the fit returned
+    'encoder-saved': None,                     # after `save_encoder`
+    'clas-building': ('after_create', None, None),  # inside the classifier's `Learner.__init__`
+    'clas-started': ('after_batch', 1, 1),     # the classifier's first fit, before its first checkpoint
+    'clas-between-fits': ('before_fit', 2, None),  # after its frozen fit and `unfreeze`, before the last fit trains
+}
+
+def _script(job:Job, kill=None, stop=None):
+    ("The three-fit ULMFiT script as a user writes it (seeded once, at its top), every learner with "
+     "`CheckpointCB(autoresume=True)`; `kill`: (iteration, signal, fit), `stop`: (a `SCRIPT_STOPS` name, signal)")
+    hits = {} if stop is None else {stop[0]: stop[1]}
+    def here(name):
+        if name in hits: os.kill(os.getpid(), hits[name])
+    def cbs(*names):
+        res = [CheckpointCB(every_iters=job.every_iters, autoresume=True)] + ([KillAt(*kill)] if kill else [])
+        return res + [KillOn(*SCRIPT_STOPS[n][:1], hits[n], *SCRIPT_STOPS[n][1:]) for n in names if n in hits]
+    lm = ulmfit_lm_learner(job.df, job.profile, job.seed, job.path, num_workers=job.num_workers,
+                           cbs=cbs('lm-inside', 'lm-validating'))
     fit_stages(lm, [Stage(0, 1, job.stages[0].lr)])
+    here('lm-ended')
     lm.save_encoder(ENCODER)
+    here('encoder-saved')
     clas = ulmfit_classifier(job.df, lm.dls.vocab, job.profile, job.seed, job.path, num_workers=job.num_workers,
-                             cbs=ckpt())
+                             cbs=cbs('clas-building', 'clas-started', 'clas-between-fits'), reseed=False)
     fit_stages(clas, [Stage(-2, 1, job.stages[0].lr), Stage(0, 1, job.stages[0].lr/2)])
     return clas
+
+def after_script(learn:Learner) -> dict:
+    ("What a process holds after a script's last fit, besides its `RunRecord`: the optimizer's state, the Recorder, "
+     "fastai's counters, and the next draws of every generator and of each loader's own")
+    rec = learn.recorder
+    return dict(optimizer=states_digest(learn.opt.state_dict()), losses=[float(o) for o in rec.losses],
+                lrs=[float(o) for o in rec.lrs], counters=[int(learn.train_iter), int(learn.epoch),
+                                                           int(learn.n_epoch), float(learn.pct_train)],
+                draws=dict(torch=torch.rand(4).tolist(), numpy=np.random.rand(4).tolist(),
+                           python=[random.random() for _ in range(4)], loaders=[dl.rng.random() for dl in learn.dls]))
 
 def run_job(spec, # a job file (`Job.write`)
             mode:str, # 'reference', 'cancel', 'kill', 'preempt', 'resume' or 'script' (see above)
             checkpoint:str|None=None, # with 'resume': the checkpoint to resume (a name in `models/`)
             kill:tuple|None=None, # with 'preempt', 'resume' and 'script': (training iteration, signal[, script fit])
+            stop:tuple|None=None, # with 'script': (a `SCRIPT_STOPS` boundary, signal)
             record:str|None=None, # the record's file name
             stop_epoch:int=STOP_EPOCH, # with 'cancel' and 'kill': the epoch after which the last fit stops
            ):
     "What one process of a job does"
     job = Job(**pd.read_pickle(spec))
     hit = [CheckpointCB(every_iters=job.every_iters), KillAt(*kill)] if kill else []
-    if mode == 'script': return job.record(_script(job, kill), record or 'script.pt')
+    if mode == 'script':
+        learn, name = _script(job, kill, stop), record or 'script.pt'
+        torch.save(after_script(learn), job.path/f'{name}-after.pt')
+        return job.record(learn, name)
     if mode == 'resume':
         learn = job.learner(init_seed=job.seed + RESUME_SEED_OFFSET, disturb=True)
         # before `load`: freezing clears the optimizer state that `load` restores

@@ -23,9 +23,9 @@ from .core import *
 
 # %% auto #0
 __all__ = ['STRAY_ITER', 'FP16_INIT_SCALE', 'FP16_GROWTH_INTERVAL', 'FP16_CPU_EPOCHS', 'VARIANT_DROP_MULT', 'VARIANT_WD',
-           'METRIC', 'NEVER_ITER', 'EXIT_FAILED', 'DEMO_CHECKS', 'check_same_seed', 'check_resume', 'check_fp16',
-           'StrayDraw', 'check_nondeterminism', 'arms', 'train_arm', 'seed_pool', 'check_variants', 'profile_table',
-           'module_types', 'check_fast_loop', 'check_reproduce', 'run_demo']
+           'METRIC', 'SCRIPT_TEXTS', 'SCRIPT_CHARS', 'NEVER_ITER', 'EXIT_FAILED', 'DEMO_CHECKS', 'check_same_seed',
+           'check_resume', 'check_fp16', 'StrayDraw', 'check_nondeterminism', 'arms', 'train_arm', 'seed_pool',
+           'check_variants', 'profile_table', 'module_types', 'check_fast_loop', 'check_reproduce', 'run_demo']
 
 # %% ../../nbs/demo/04_run.ipynb #8b6f2714
 STRAY_ITER = 5           # check 4 draws one stray random number just before this training iteration
@@ -37,6 +37,8 @@ VARIANT_DROP_MULT = 1.0  # change A of check 5: the classifier's dropout multipl
 VARIANT_WD = 0.1         # change B of check 5: weight decay (fastai's default for Adam: 0.01)
 # the metric check 5 compares (lower is better): accuracy on a few dozen texts moves in big steps
 METRIC = 'valid_loss'
+# check 2's two-learner script, killed between its stages, runs on a sample of the texts (each run a few seconds)
+SCRIPT_TEXTS, SCRIPT_CHARS = 40, 300
 NEVER_ITER = 10**9  # check 7's re-run: the preempt job's SIGTERM at an iteration it never reaches (its callbacks kept)
 EXIT_FAILED = 1          # exit code of `fastrepro demo` when a check fails
 
@@ -83,10 +85,35 @@ def check_resume(demo:Demo):
               f"global seed {demo.seed + RESUME_SEED_OFFSET}: {why} with the uninterrupted run. Stopped by SIGTERM "
               f"inside epoch {inside['start_epoch']}, after {inside['batch']} of {n_iter} batches (CheckpointCB wrote "
               f"the checkpoint at the signal and exited with {termed.returncode}), and resumed there: {why2}.")
+    ok3, why3 = _killed_between_stages(demo)
     keys = ('seed', 'fit_idx', 'start_epoch', 'batch', 'iteration', 'callbacks')
-    return ok and ok2, detail, dict(checkpoint={**{k: info[k] for k in keys},
-                                                'num_threads': info['env']['num_threads']},
-                                    inside={k: inside[k] for k in keys})
+    return ok and ok2 and ok3, f"{detail} {why3}", dict(checkpoint={**{k: info[k] for k in keys},
+                                                                'num_threads': info['env']['num_threads']},
+                                                    inside={k: inside[k] for k in keys})
+
+def _killed_between_stages(demo:Demo) -> tuple:
+    ("Check 2's script part: the two-learner ULMFiT script (`Job`'s `script` mode) killed right after the language "
+     "model's end checkpoint (SIGTERM), its rerun killed while the classifier is built (SIGKILL), the next rerun to "
+     "its end: the uninterrupted script's, bit for bit (record, optimizer, Recorder, the next draws)")
+    df = subsample(demo.df, SCRIPT_TEXTS, SCRIPT_CHARS)
+    whole, job = (Job('lm', df, demo.work/name, profile=demo.profile, seed=demo.seed, threads=demo.threads)
+                  for name in ('script', 'script-killed'))
+    spec = job.write()
+    steps = [('script, uninterrupted', lambda: job_process(whole.write(), 'script')),
+             ('script: SIGTERM after the language model', lambda: job_process(spec, 'script', stop=('lm-ended', 15))),
+             ('rerun: SIGKILL while the classifier is built',
+              lambda: job_process(spec, 'script', stop=('clas-building', 9))),
+             ('rerun to the end', lambda: job_process(spec, 'script'))]
+    ps = demo._steps(steps)
+    for p, status in zip(ps, (0, -signal.SIGTERM, -signal.SIGKILL, 0)):
+        if p.returncode != status: return False, f"A script process ended otherwise than planned ({job_error(p)})."
+    ok, why = same_run(*(RunRecord.load(j.path/'script.pt') for j in (whole, job)))
+    after = [torch.load(j.path/'script.pt-after.pt', weights_only=True) for j in (whole, job)]
+    differ = [k for k in after[0] if after[0][k] != after[1][k]]
+    return ok and not differ, (f"The two-learner script killed right after the language model's fit (SIGTERM), then "
+                               f"while the classifier was built (SIGKILL), ran again to its end: {why}"
+                               + (f"; after it, {', '.join(differ)} differ." if differ else
+                                  ", and so are the optimizer, the Recorder and the next draws of every generator."))
 
 # %% ../../nbs/demo/04_run.ipynb #df61a721
 @demo_check('fp16 loss scale')

@@ -330,11 +330,12 @@ def ulmfit_classifier(df:pd.DataFrame, # texts, labels and split
                       drop_mult:float|None=None, # the AWD-LSTM dropout multiplier (default: the profile's)
                       wd:float|None=None, # weight decay (default: fastai's)
                       num_workers:int=NUM_WORKERS, # DataLoader worker processes
+                      reseed:bool=True, # seed the generators first; False: go on from them, as a script seeded once
                      ) -> Learner:
     "ULMFiT's second stage, built: the AWD-LSTM classifier on `df`, starting from the language model's encoder"
     p = get_profile(profile)
     if drop_mult is not None: p = dataclasses.replace(p, drop_mult=drop_mult)
-    seed_everything(ifnone(init_seed, seed))
+    if reseed: seed_everything(ifnone(init_seed, seed))
     learn = clas_learner(clas_dls(df, vocab, p, num_workers=num_workers), p, path=path, wd=wd,
                          cbs=[ReproCB(seed=seed, allow_dirty=True)] + list(L(cbs)))
     learn.load_encoder(ENCODER)
