@@ -35,7 +35,8 @@ for k, v in DETERMINISTIC_ENV.items(): os.environ.setdefault(k, v)
 # tests first, whatever they take. The others follow in their own order.
 LONGEST_FIRST = ('test_notebooks.py', 'test_preempt.py', 'test_distrib.py', 'test_provenance_runs.py',
                  'test_selftest.py', 'test_script_boundaries.py', 'test_fastai_habits.py', 'test_demo_cli.py',
-                 'test_resume.py', 'test_reproduce.py',                 'test_trackers.py', 'test_loader_resume.py', 'test_sweep_dask.py', 'test_bench_smoke.py')
+                 'test_resume.py', 'test_reproduce.py', 'test_trackers.py', 'test_loader_resume.py',
+                 'test_sweep_dask.py', 'test_bench_smoke.py')
 
 
 def pytest_configure(config):

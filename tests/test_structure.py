@@ -160,3 +160,12 @@ if __name__ == '__main__':
     print(f"{len(graph)} modules, {sum(lines.values())} lines, {sum(map(len, graph.values()))} arrows, "
           f"circles: {circles(graph) or 'none'}, environment hooks: {environment_hooks() or 'none'}")
     sys.exit(0)
+
+
+CHECKPOINT_CB_MAX_LINES = 150  # CheckpointCB stays a small callback: whose run a checkpoint is lives with the resume plan
+
+
+def test_checkpoint_callback_stays_small():
+    tree = ast.parse((PACKAGE/'callback'/'preempt.py').read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == 'CheckpointCB')
+    assert cls.end_lineno - cls.lineno + 1 <= CHECKPOINT_CB_MAX_LINES

@@ -11,17 +11,21 @@ from fastai.basics import *
 from ..state.core import *
 from ..state.distrib import any_rank
 from ..state.checkpoint import checkpoint_info, ResumeError, TMP_PREFIX, CheckpointWriteError
-from ..state.checkpoint import read_checkpoint, split_state
+from ..state.checkpoint import read_checkpoint, split_state, model_signature
+from ..state.data import data_fingerprint
+from ..record.entry import entry_point
+from ..record.provenance import written_since, code_changes, git_patch
 from ..state.checkpoint import CheckpointError, DamagedCheckpointError
 from ..state.integrity import older_checkpoints
 from ..record.trace import state_digest
 from .repro import ReproCB
-from ..state.resume import inside_problem
+from ..state.resume import inside_problem, run_identity, run_difference, fit_schedule
+from ..state.resume import RunLock, LOCK_SUFFIX
 
 # %% auto #0
 __all__ = ['PREEMPT_SIGNALS', 'SIGNAL_EXIT_BASE', 'SAVE_FAILED_EXIT', 'MANIFEST_SUFFIX', 'POSITION_KEYS', 'DIGEST_KEYS',
            'DAMAGED_SUFFIX', 'states_digest', 'checkpoint_digests', 'manifest_path', 'read_manifest', 'manifest_key',
-           'add_to_manifest', 'CheckpointCB']
+           'add_to_manifest', 'CheckpointCB', 'Autoresume']
 
 # %% ../../nbs/callback/03_preempt.ipynb #160dd579
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # what Kubernetes, spot terminations and SLURM's `--signal` send
@@ -101,6 +105,13 @@ def add_to_manifest(checkpoint, # the checkpoint just written
     os.replace(tmp, f)
     return res
 
+def _record(path:Path):
+    "Add the checkpoint just written at `path` to the manifest beside it; a manifest the disk refuses is said"
+    try: add_to_manifest(path, checkpoint_digests(path))
+    except OSError as e:
+        warnings.warn(f"CheckpointCB: the digests of {path} could not be added to {manifest_path(path)} ({e}); the "
+                      "checkpoint itself is written. `reproduce_segments` cannot end a segment there.")
+
 class CheckpointCB(Callback):
     "Checkpoints inside epochs (every N iters or T seconds), at SIGTERM/SIGUSR1 before exiting, and rerun-to-continue"
     order = 90  # after the other callbacks' `after_batch` and `after_fit` (Recorder 50, trackers 60-63): a whole state
@@ -115,10 +126,12 @@ class CheckpointCB(Callback):
         if keep < 1: raise ValueError(f"keep={keep}: at least the newest checkpoint is kept.")
         store_attr()
         self.fit_number = None  # this fit's number among the script's autoresumed fits
+        self.identity = None    # whose run this fit is, as it starts (`run_identity`): every checkpoint records it
         self.signum = None      # the preemption signal received during the fit
         self.deferred = False   # a checkpoint fell due inside an epoch that cannot be resumed there: due at its end
         self.active, self._handlers, self._last, self._told = False, {}, 0., False
         self.failing = None  # the error of the periodic checkpoint that failed, until one is written again
+        self.resume = Autoresume(self)  # whose checkpoints these are; skip or continue a fit (`autoresume`)
 
     def before_fit(self):
         self.active = training_fit(self.learn)
@@ -126,8 +139,7 @@ class CheckpointCB(Callback):
         if not isinstance(getattr(self.learn, 'repro_cb', None), ReproCB):
             raise ValueError("CheckpointCB needs ReproCB attached to the learner: without it a checkpoint inside "
                              "an epoch cannot be resumed exactly. Add `ReproCB()` to the learner's callbacks.")
-        self.signum, self._last, self.deferred, self._told = None, time.monotonic(), False, False
-        self.failing = None
+        self.signum, self._last, self.deferred, self._told, self.failing = None, time.monotonic(), False, False, None
         self._install()
 
     def after_batch(self):
@@ -154,7 +166,7 @@ class CheckpointCB(Callback):
 
     def after_fit_exception(self, exc): self._end()
 
-    def state_dict(self) -> dict: return {'fit_number': self.fit_number}
+    def state_dict(self) -> dict: return {'fit_number': self.fit_number, 'identity': self.identity}
     def load_state_dict(self, d:dict): pass  # read from the file by `plan_fit`: a `load` by hand needs nothing of it
 
     @property
@@ -172,59 +184,13 @@ class CheckpointCB(Callback):
             _link(self.path, self.path.with_name(f'{self.fname}.1.pth'))
         self.learn.save(self.fname, with_opt=self.with_opt)
         self._last = time.monotonic()
-        if rank_distrib() == 0: self._record()
+        if rank_distrib() == 0: _record(self.path)
 
-    def _record(self):
-        "Add the new checkpoint to the manifest beside it; a manifest the disk refuses is said; training goes on"
-        try: add_to_manifest(self.path, checkpoint_digests(self.path))
-        except OSError as e:
-            warnings.warn(f"CheckpointCB: the digests of {self.path} could not be added to {manifest_path(self.path)} "
-                          f"({e}); the checkpoint itself is written. `reproduce_segments` cannot end a segment there.")
-
-    def plan_fit(self, n_epoch:int, start_epoch:int) -> int|None:
-        "With `autoresume`: skip this fit when an earlier run completed it, continue it where an earlier run stopped it"
-        if not self.autoresume: return start_epoch
-        self.fit_number = n = next(_script_fits)
-        done = self.path.with_name(f'{self.fname}-fit{n}.pth')
-        if done.exists(): return self._skip(done, checkpoint_info(done), n_epoch)
-        if not self.path.exists(): return start_epoch
-        info = self._newest_intact()  # a damaged newest one: the newest intact one kept (`keep`) takes its place
-        if info.get('fit_number') != n:
-            if (info.get('fit_number') or -1) > n:
-                raise ResumeError(f"{self.path} was written by fit {info['fit_number']} of an earlier run, "
-                                  f"but the end state of fit {n} ({done.name}) is missing, so this fit cannot be "
-                                  f"skipped. Delete the checkpoints in {self.path.parent} to start over.")
-            return start_epoch  # this fit had not written a checkpoint yet
-        if info['fit_ended']: return self._skip(self.path, info, n_epoch)  # stopped before its end had its name
-        self._check(info, n_epoch)
-        self.learn.load(self.fname, with_opt=self.with_opt)
-        _tell(f"fastrepro: fit {n} continues where an earlier run stopped it: epoch {info['start_epoch']}, "
-              f"after {info['batch']} batch(es), from {self.path}.")
-        return info['start_epoch']
-
-    def _skip(self, file:Path, info:dict, n_epoch:int) -> None:
-        "Skip this fit, which an earlier run completed: load its end state from `file`, as the fit left it"
-        self._check(info, n_epoch)
-        self.learn.load(file.stem, with_opt=self.with_opt)
-        self.learn.repro_cb.end_loaded_fit(file)
-        done = self.path.with_name(f'{self.fname}-fit{self.fit_number}.pth')
-        if file != done and rank_distrib() == 0: _link(file, done)
-        _tell(f"fastrepro: fit {self.fit_number} ({n_epoch} epochs) was completed by an earlier run; "
-              f"its end state is loaded from {file}.")
-
-    def _check(self, info:dict, n_epoch:int):
-        "Refuse to continue a checkpoint that other code or another fit call wrote"
-        git = self.learn.repro_cb.provenance.git_now(self.learn)
-        saved = info.get('git') or {}
-        if (saved.get('commit'), saved.get('diff_hash')) != (git['commit'], git['diff_hash']):
-            raise ResumeError(f"{info['path']} was written by other code (commit {saved.get('commit')}, patch "
-                              f"{saved.get('diff_hash')}) than this run's (commit {git['commit']}, "
-                              f"patch {git['diff_hash']}): rerunning would mix the two. Delete the checkpoints "
-                              "to start over, or commit the same code.")
-        if info['n_epoch'] != n_epoch:
-            raise ResumeError(f"{info['path']} belongs to a {info['n_epoch']}-epoch fit, and this fit has "
-                              f"{n_epoch}: the script is not the one that wrote it. Delete the checkpoints "
-                              "to start over.")
+    def plan_fit(self, n_epoch:int, start_epoch:int, **fit_call) -> int|None:
+        ("Record whose run this fit is; with `autoresume`: skip this fit when an earlier run of it completed it, "
+         "continue it where one stopped it")
+        self.identity = self.resume.identity(n_epoch, **fit_call)
+        return self.resume.plan(n_epoch, start_epoch) if self.autoresume else start_epoch
 
     def _late(self) -> bool:
         "Is a checkpoint due by the clock? (rank 0's: the ranks' clocks differ)"
@@ -250,26 +216,17 @@ class CheckpointCB(Callback):
                  else f"before epoch {pos.epoch}")
         why = self._inside_problem()
         if why is not None:
-            _tell(f"fastrepro: {name}: no checkpoint written at {where}: {why}. {self._newest()} Exiting with status "
-                  f"{status}.", file=sys.stderr, flush=True)
+            _tell(f"fastrepro: {name}: no checkpoint written at {where}: {why}. {self.resume.newest()} Exiting with "
+                  f"status {status}.", file=sys.stderr, flush=True)
             raise SystemExit(status)
         try: self.save()
         except CheckpointWriteError as e:
-            _tell(f"fastrepro: {name}: the checkpoint at {where} could not be written: {e} {self._newest()} Exiting "
-                  f"with status {SAVE_FAILED_EXIT}.", file=sys.stderr, flush=True)
+            _tell(f"fastrepro: {name}: the checkpoint at {where} could not be written: {e} {self.resume.newest()} "
+                  f"Exiting with status {SAVE_FAILED_EXIT}.", file=sys.stderr, flush=True)
             raise SystemExit(SAVE_FAILED_EXIT) from None
         _tell(f"fastrepro: {name}: checkpoint written at {where} to {self.path}; exiting with status "
               f"{status}. Run the script again to continue.", file=sys.stderr, flush=True)
         raise SystemExit(status)
-
-    def _newest(self) -> str:
-        "Which checkpoint a rerun continues from"
-        try: info = checkpoint_info(self.path) if self.path.exists() else None
-        except CheckpointError as e: return f"The newest checkpoint cannot be continued from: {e}"
-        if info is None or (self.autoresume and info.get('fit_number') != self.fit_number):
-            return "There is no checkpoint of this fit: a rerun starts it over."
-        return (f"The newest usable checkpoint is {self.path} (epoch {info['start_epoch']}, after {info['batch']} "
-                "batches): run the script again to continue from it.")
 
     def _save_due(self) -> bool:
         "Write a checkpoint that fell due; one the system refuses is reported, noted, and tried again at the next"
@@ -277,7 +234,7 @@ class CheckpointCB(Callback):
         except CheckpointWriteError as e:
             if self.failing is None:
                 warnings.warn(f"CheckpointCB: {e} Training goes on; the save is tried again when the next checkpoint "
-                              f"is due. {self._newest()}")
+                              f"is due. {self.resume.newest()}")
                 self.learn.repro_cb.note(f"checkpoint not written at iteration {self.learn.train_iter}: {e}")
             self.failing = e
             return False
@@ -304,27 +261,109 @@ class CheckpointCB(Callback):
 # %% ../../nbs/callback/03_preempt.ipynb #e3fe19a5
 DAMAGED_SUFFIX = '.damaged'  # a damaged checkpoint set aside: `checkpoint.pth.damaged`, out of every `.pth` listing
 
-@patch
-def _newest_intact(self:CheckpointCB) -> dict:
-    ("`checkpoint_info` of the newest intact checkpoint among the newest and the `keep - 1` older ones: damaged newer "
-     "ones are said and set aside, and the intact one becomes the newest; none intact raises `DamagedCheckpointError`")
-    tried = []
-    for p in [self.path] + older_checkpoints(self.path)[:self.keep - 1]:
-        try: info = checkpoint_info(p)
-        except DamagedCheckpointError as e: tried.append(e); continue
-        if not tried: return info
-        distrib_barrier()  # every rank has read the files before rank 0 moves them
+class Autoresume:
+    "CheckpointCB's rerun-to-continue: whose checkpoints these are, which fit of the script this is, skip or continue"
+    def __init__(self, cb:CheckpointCB): self.cb = cb
+
+    def identity(self, n_epoch:int, lr=None, wd=None, cbs=None) -> dict|None:
+        "This fit's `run_identity` as it starts; None without `ReproCB` (whose absence `before_fit` refuses)"
+        learn, repro = self.cb.learn, getattr(self.cb.learn, 'repro_cb', None)
+        if not isinstance(repro, ReproCB): return None
+        entry = entry_point(repro.provenance.git_now(learn)['root'])
+        command = entry['command'] if entry['kind'] in ('script', 'module') else [entry['kind']]
+        return run_identity(repro.seed_set, command, model_signature(learn.model)['digest'],
+                            data_fingerprint(learn.dls), n_epoch, fit_schedule(learn, lr, wd, cbs))
+
+    def plan(self, n_epoch:int, start_epoch:int) -> int|None:
+        "Skip this fit when an earlier run of it completed it (None), or the epoch to continue it at"
+        cb = self.cb
+        cb.fit_number = n = next(_script_fits)
+        self._lock()
+        done = cb.path.with_name(f'{cb.fname}-fit{n}.pth')
+        if done.exists(): return self._skip(done, checkpoint_info(done))
+        if not cb.path.exists(): return start_epoch
+        info = self.newest_intact()  # a damaged newest one: the newest intact one kept (`keep`) takes its place
+        if info.get('fit_number') != n:
+            if (info.get('fit_number') or -1) > n:
+                raise ResumeError(f"{cb.path} was written by fit {info['fit_number']} of an earlier run, "
+                                  f"but the end state of fit {n} ({done.name}) is missing, so this fit cannot be "
+                                  f"skipped. Delete the checkpoints in {cb.path.parent} to start over.")
+            return start_epoch  # this fit had not written a checkpoint yet
+        if info['fit_ended']: return self._skip(cb.path, info)  # stopped before its end state had its name
+        self._check(info)
+        cb.learn.load(cb.fname, with_opt=cb.with_opt)
+        _tell(f"fastrepro: fit {n} continues where an earlier run stopped it: epoch {info['start_epoch']}, "
+              f"after {info['batch']} batch(es), from {cb.path}.")
+        return info['start_epoch']
+
+    def _skip(self, file:Path, info:dict) -> None:
+        "Skip this fit, which an earlier run completed: load its end state from `file`, as the fit left it"
+        cb = self.cb
+        self._check(info)
+        cb.learn.load(file.stem, with_opt=cb.with_opt)
+        cb.learn.repro_cb.end_loaded_fit(file)
+        done = cb.path.with_name(f'{cb.fname}-fit{cb.fit_number}.pth')
+        if file != done and rank_distrib() == 0: _link(file, done)
+        _tell(f"fastrepro: fit {cb.fit_number} ({info['n_epoch']} epochs) was completed by an earlier run; "
+              f"its end state is loaded from {file}.")
+
+    def _check(self, info:dict):
+        "Refuse to continue a checkpoint that another run wrote: another identity, or other code"
+        learn, where = self.cb.learn, info['path']
+        why = run_difference(info.get('identity') or {'epochs': info['n_epoch']}, self.cb.identity, where)
+        if why: raise ResumeError(f"{where} was written by another run: {why}. Continuing it would give this run "
+                                  "another run's weights. Give each run its own checkpoints (`CheckpointCB(fname="
+                                  "...)`, e.g. one per seed), or delete the checkpoints to start over.")
+        prov, saved = learn.repro_cb.provenance, info.get('git') or {}
+        prov.run_outputs = []  # what the run wrote into the repository since it started is not code
+        prov.run_outputs = [Path(prov.git_now(learn)['root'])/p for p in written_since(saved, prov.git_now(learn))]
+        git = prov.git_now(learn)
+        if (saved.get('commit'), saved.get('diff_hash')) != (git['commit'], git['diff_hash']):
+            now = dict(git, patch=git_patch(git['root'], prov.outputs(learn)))
+            raise ResumeError(f"{where} was written by other code than this run's ({code_changes(saved, now)}): "
+                              "continuing it would mix the two. Run the code that wrote it, or delete the "
+                              "checkpoints to start over.")
+
+    def _lock(self):
+        "Hold the run's lock (rank 0, for every rank), or refuse: another live process continues these checkpoints"
+        why = None
         if rank_distrib() == 0:
-            for e in tried: os.replace(e.path, e.path.with_name(e.path.name + DAMAGED_SUFFIX))
-            _link(p, self.path)
-        distrib_barrier()
-        skipped = '; '.join(f"{e.path.name} ({e.why})" for e in tried)
-        _tell(f"fastrepro: skipped the damaged {skipped}: its bytes changed after they were written; set aside as "
-              f"*{DAMAGED_SUFFIX}. Fit {self.fit_number} continues from {p.name}, the newest intact checkpoint.")
-        return {**info, 'path': str(self.path)}
-    older = (f"CheckpointCB(keep={self.keep}) kept no older one" if self.keep == 1 else
-             f"the older ones CheckpointCB(keep={self.keep}) kept are damaged or missing")
-    raise DamagedCheckpointError(f"No intact checkpoint to continue fit {self.fit_number} from: tried "
-                                 + '; '.join(f"{e.path} ({e.why})" for e in tried) + f"; {older}. A rerun never starts "
-                                 f"the fit over silently: restore a copy of a checkpoint, or delete the checkpoints in "
-                                 f"{self.path.parent} to start it over.", self.path, tried[0].record, tried[0].why)
+            try: RunLock(self.cb.path.with_suffix(LOCK_SUFFIX)).take()
+            except ResumeError as e: why = str(e)
+        if any_rank(why is not None)[0]: raise ResumeError(why or "Rank 0 of this run could not take its lock.")
+
+    def newest(self) -> str:
+        "Which checkpoint a rerun continues from, in a sentence"
+        cb = self.cb
+        try: info = checkpoint_info(cb.path) if cb.path.exists() else None
+        except CheckpointError as e: return f"The newest checkpoint cannot be continued from: {e}"
+        if info is None or (cb.autoresume and info.get('fit_number') != cb.fit_number):
+            return "There is no checkpoint of this fit: a rerun starts it over."
+        return (f"The newest usable checkpoint is {cb.path} (epoch {info['start_epoch']}, after {info['batch']} "
+                "batches): run the script again to continue from it.")
+
+    def newest_intact(self) -> dict:
+        ("`checkpoint_info` of the newest intact checkpoint among the newest and the `keep - 1` older ones: damaged "
+         "newer ones are said and set aside, and the intact one becomes the newest; none intact raises "
+         "`DamagedCheckpointError`")
+        cb, tried = self.cb, []
+        for p in [cb.path] + older_checkpoints(cb.path)[:cb.keep - 1]:
+            try: info = checkpoint_info(p)
+            except DamagedCheckpointError as e: tried.append(e); continue
+            if not tried: return info
+            distrib_barrier()  # every rank has read the files before rank 0 moves them
+            if rank_distrib() == 0:
+                for e in tried: os.replace(e.path, e.path.with_name(e.path.name + DAMAGED_SUFFIX))
+                _link(p, cb.path)
+            distrib_barrier()
+            skipped = '; '.join(f"{e.path.name} ({e.why})" for e in tried)
+            _tell(f"fastrepro: skipped the damaged {skipped}: its bytes changed after they were written; set aside "
+                  f"as *{DAMAGED_SUFFIX}. Fit {cb.fit_number} continues from {p.name}, the newest intact checkpoint.")
+            return {**info, 'path': str(cb.path)}
+        older = (f"CheckpointCB(keep={cb.keep}) kept no older one" if cb.keep == 1 else
+                 f"the older ones CheckpointCB(keep={cb.keep}) kept are damaged or missing")
+        raise DamagedCheckpointError(f"No intact checkpoint to continue fit {cb.fit_number} from: tried "
+                                     + '; '.join(f"{e.path} ({e.why})" for e in tried) + f"; {older}. A rerun never "
+                                     "starts the fit over silently: restore a copy of a checkpoint, or delete the "
+                                     f"checkpoints in {cb.path.parent} to start it over.", cb.path, tried[0].record,
+                                     tried[0].why)

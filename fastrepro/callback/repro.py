@@ -43,14 +43,16 @@ class FitProvenance:
         store_attr()
         self.prov = self.device = None  # the running (or last) fit's
         self.findings = Findings()
+        self.run_outputs = []  # files the run this process continues wrote into the repository (`written_since`)
 
     def take_code(self, learn:Learner):
         "Record the fit's code (commit; a dirty tree's patch, refused unless `allow_dirty`) and how its process started"
         self.prov = run_provenance(self.repo_path or '.', self.allow_dirty, outputs=self.outputs(learn))
 
     def outputs(self, learn:Learner) -> list:
-        "The folders the fit writes to, whose files are never code: fastai's models, exports and our checkpoints"
-        return [Path(learn.path)/learn.model_dir]
+        ("The folders the fit writes to, whose files are never code: fastai's models, exports and our checkpoints; "
+         "and what the run this one continues wrote into the repository (`run_outputs`)")
+        return [Path(learn.path)/learn.model_dir, *self.run_outputs]
 
     def audit(self, learn:Learner, resumed:dict|None=None):
         "Record the environment (with the fit's switches) and device; report what would break the run's bits, once"
@@ -177,6 +179,7 @@ class ReproCB(Callback):
     ):
         _refuse_moved(moved)
         store_attr('seed,deterministic_data,per_item,rank_streams,allow_world_size_change')
+        self.seed_set = seed  # the seed the user gave: part of what identifies the run (a drawn one is not)
         self.switches, self.trace = FitSwitches(deterministic, warn_only, portable), Trace(trace_every)
         self.provenance = FitProvenance(repo_path, allow_dirty, allow_cudnn_rnn_dropout)
         self.record = ledger if isinstance(ledger, FitRecord) else FitRecord(ledger)

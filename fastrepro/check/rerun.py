@@ -70,7 +70,7 @@ class StopAtCB(Callback):
         self.model = None  # the running fit's model digest: a script may train several learners
         self.fits = 0  # the fits this learner was asked for (a segment skips those before its start)
 
-    def plan_fit(self, n_epoch:int, start_epoch:int) -> int|None:
+    def plan_fit(self, n_epoch:int, start_epoch:int, **fit_call) -> int|None:
         "A segment's re-run: skip this learner's fits before the start checkpoint's, resume that one from it"
         s = self.target.get('start')
         if s is None or not self._is_target(s): return start_epoch

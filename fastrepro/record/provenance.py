@@ -18,7 +18,8 @@ from .entry import entry_point, _relative, _notebook_bytes
 # %% auto #0
 __all__ = ['MAX_FILES_SHOWN', 'MAX_CODE_BYTES', 'CODE_SUFFIXES', 'CODE_NAMES', 'KEPT_CELL_METADATA', 'RACY_SECONDS',
            'DirtyTreeError', 'ProvenanceWarning', 'notebook_code', 'stripped_notebook', 'git_info', 'git_patch',
-           'ignore_line', 'check_clean', 'run_provenance', 'RankMismatchError', 'check_ranks_agree']
+           'written_since', 'patch_files', 'code_changes', 'ignore_line', 'check_clean', 'run_provenance',
+           'RankMismatchError', 'check_ranks_agree']
 
 # %% ../../nbs/record/02_provenance.ipynb #9454b67c
 class DirtyTreeError(RuntimeError):
@@ -241,6 +242,30 @@ def git_patch(path='.', # a directory inside the repository
         raise ValueError(f"{Path(path).resolve()} is not inside a git repository, so there is no patch "
                          "to record. Run from the project's git checkout.")
     return _decode(patch or b'')
+
+# %% ../../nbs/record/02_provenance.ipynb #f9539076
+def written_since(saved:dict, # the `git_info` record of a run, as it started
+                  now:dict, # `git_info` now
+                 ) -> list:
+    "The untracked files of `now` the run of `saved` did not start with, and this process did not import: its outputs"
+    return [p for p in now['untracked'] if p not in (saved.get('untracked') or []) and p not in now['imported']]
+
+def patch_files(patch:str|None) -> dict:
+    "Each file's part of `patch` (what `git_patch` returns), by path"
+    parts = re.split(r'(?m)^(?=diff --git a/)', patch or '')
+    return {m.group(1): p for p in parts if (m := re.match(r'diff --git a/(.*) b/', p))}
+
+def code_changes(saved:dict, # a `git_info` record with its `patch` (a checkpoint's `git`)
+                 now:dict, # another, now
+                ) -> str:
+    "How the code of `now` differs from `saved`, in a few words: the commits, or the files whose changes differ"
+    if saved.get('commit') != now.get('commit'):
+        return f"commit {str(saved.get('commit'))[:12]} there, {str(now.get('commit'))[:12]} here"
+    a, b = patch_files(saved.get('patch')), patch_files(now.get('patch'))
+    files = sorted(p for p in set(a) | set(b) if a.get(p) != b.get(p))
+    shown = ', '.join(files[:MAX_FILES_SHOWN]) + (f' (and {len(files) - MAX_FILES_SHOWN} more)'
+                                                   if len(files) > MAX_FILES_SHOWN else '')
+    return f"changed since: {shown}" if files else "the same files, another patch"
 
 # %% ../../nbs/record/02_provenance.ipynb #cf801d91
 def _listing(info:dict) -> str:

@@ -43,7 +43,7 @@ def fit(self:Learner, n_epoch, lr=None, wd=None, cbs=None, reset_opt=False, star
     extra = L(cbs)
     if not any(isinstance(cb, LRFinder) for cb in L(self.cbs) + extra):
         for cb in self.cbs.filter(lambda o: callable(getattr(type(o), 'plan_fit', None))):
-            start_epoch = cb.plan_fit(n_epoch, start_epoch)
+            start_epoch = cb.plan_fit(n_epoch, start_epoch, lr=lr, wd=wd, cbs=extra)
             if start_epoch is None: return  # completed by an earlier run of the script: its end state is loaded
     self.__dict__['_repro_fit_depth'] = self.__dict__.get('_repro_fit_depth', 0) + 1
     try: return _fastai_fit(self, n_epoch, lr=lr, wd=wd, cbs=cbs, reset_opt=reset_opt, start_epoch=start_epoch)

@@ -107,11 +107,18 @@ def _loss_scale_from_v1(d:dict, learn:Learner|None) -> tuple:
                 epoch_end_iter=d['epoch_end_iter'], history=d['history']), []
 
 # %% ../../nbs/state/08b_formats.ipynb #146048c8
-def _checkpoint_cb_summary(state:dict) -> dict: return {'fit_number': state['fit_number']}
+def _checkpoint_cb_summary(state:dict) -> dict:
+    "What `checkpoint_info` shows of a `CheckpointCB` state: the script's fit that wrote it, and whose run it is"
+    return {'fit_number': state['fit_number'], 'identity': state['identity']}
+
+def _checkpoint_cb_from_v5(d:dict, learn:Learner|None) -> tuple:
+    ("A format-5 `CheckpointCB` state in format 6: no run identity was recorded (an autoresume compares its number of "
+     "epochs and its code, as format 5 did)")
+    return {**d, 'identity': None}, []
 
 # %% ../../nbs/state/08b_formats.ipynb #b98b0db5
 # what `checkpoint_info` shows of each callback's state, and each state's upgrade from a format to the next
 SUMMARIES = {'repro_cb': _repro_summary, 'mixed_precision': _loss_scale_summary,
              'checkpoint_cb': _checkpoint_cb_summary}
 UPGRADES = {('repro_cb', 1): _repro_from_v1, ('repro_cb', 2): _repro_from_v2, ('repro_cb', 3): _repro_from_v3,
-            ('mixed_precision', 1): _loss_scale_from_v1}
+            ('mixed_precision', 1): _loss_scale_from_v1, ('checkpoint_cb', 5): _checkpoint_cb_from_v5}

@@ -6,10 +6,11 @@ Docs: https://fastrepro.github.io/fastrepro/state/resume.html.md"""
 
 # %% ../../nbs/state/10_resume.ipynb #caeccdf6
 from __future__ import annotations
-import sys, warnings, itertools, traceback
+import os, sys, time, fcntl, socket, warnings, itertools, traceback
 from dataclasses import dataclass, asdict
 import numpy as np
 from fastai.basics import *
+from fastai.callback.schedule import ParamScheduler
 from .core import *
 from .rng import rng_states, restore_rng_states, random_state, set_random_state
 from .checkpoint import *
@@ -19,7 +20,8 @@ from .passes import pass_problem, pass_position, resumed_pass_differs
 from .distrib import world_size
 
 # %% auto #0
-__all__ = ['END_COUNTERS', 'Position', 'inside_state', 'inside_problem', 'ResumePlan', 'end_state', 'restore_end']
+__all__ = ['END_COUNTERS', 'IDENTITY', 'SCHEDULE_POINTS', 'LOCK_SUFFIX', 'Position', 'inside_state', 'inside_problem',
+           'ResumePlan', 'end_state', 'restore_end', 'fit_schedule', 'run_identity', 'run_difference', 'RunLock']
 
 # %% ../../nbs/state/10_resume.ipynb #f4380435
 @dataclass
@@ -236,3 +238,86 @@ def restore_end(learn:Learner, # the learner that loaded the checkpoint
         if rec.values: learn.final_record = rec.values[-1].copy()
         if end['hps'] is not None: rec.hps = {k: v.tolist() for k, v in end['hps'].items()}
     set_fastai_callback_states(learn, state['fastai_callbacks'])
+
+# %% ../../nbs/state/10_resume.ipynb #f421f947
+# what a checkpoint records of the run that wrote it, and how a refusal names each part
+IDENTITY = {'seed': 'seed', 'command': 'command line', 'model': 'model (parameter names and shapes)',
+            'data': 'data (items and vocabulary)', 'epochs': 'number of epochs',
+            'schedule': 'fit schedule (optimizer, learning rates, weight decay)'}
+SCHEDULE_POINTS = (0., .25, .5, .75, 1.)  # where a fit's hyper-parameter schedules are sampled for its identity
+
+def fit_schedule(learn:Learner, # the learner whose fit starts
+                 lr=None, wd=None, cbs=None, # the fit call's (`Learner.fit`)
+                ) -> str:
+    "A digest of the fit's schedule: the optimizer, its rate and weight decay, each `ParamScheduler`'s values"
+    scheds = [{k: np.asarray([f(p) for p in SCHEDULE_POINTS]).tolist() for k, f in cb.scheds.items()}
+              for cb in L(cbs) if isinstance(cb, ParamScheduler)]
+    opt = getattr(learn.opt_func, '__qualname__', repr(learn.opt_func))
+    return digest([opt, np.asarray(ifnone(lr, learn.lr)).tolist(), ifnone(wd, learn.wd), scheds])
+
+def run_identity(seed:int|None, # the seed the user set (None: the run drew one)
+                 command:list, # the command line: the script (or module) and its arguments
+                 model:str, # `model_signature(...)['digest']`
+                 data:str, # `data_fingerprint(dls)`
+                 epochs:int, # the fit's number of epochs
+                 schedule:str, # `fit_schedule(...)`
+                ) -> dict:
+    "What makes a fit's checkpoints its run's (the code aside): `weights_only`-safe"
+    return dict(seed=seed, command=list(command), model=model, data=data, epochs=int(epochs), schedule=schedule)
+
+def run_difference(saved:dict, # the checkpoint's `run_identity` (format 5 and older: `{'epochs': n}`)
+                   now:dict, # this run's
+                   where, # the checkpoint
+                  ) -> str|None:
+    "The first part of `now` that differs from the run that wrote `where`, in one line; None when it is this run"
+    for k, what in IDENTITY.items():  # format 5 and older: the number of epochs only
+        if k in saved and saved[k] != now[k]:
+            show = (lambda v: ' '.join(v) or '(none)') if k == 'command' else (lambda v: v)
+            return f"{what} {show(saved[k])} in {where}, {show(now[k])} in this run"
+    return None
+
+# %% ../../nbs/state/10_resume.ipynb #ca4f64cb
+LOCK_SUFFIX = '.lock'  # `{fname}.lock` beside `{fname}.pth`: locked while a run that autoresumes it lives
+
+class RunLock:
+    "An OS lock (`flock`) on the file `path`, held by this process until it ends; its holder said in the file"
+    held = {}  # path -> the open file holding its lock: a process takes each lock once, for all its fits
+    _told = False
+    def __init__(self, path): self.path = Path(path)
+
+    def take(self) -> bool:
+        ("Hold the lock (already held by this process: nothing to do); another live process holds it: `ResumeError` "
+         "naming it. False where the file system cannot lock (said once)")
+        key = str(self.path.resolve())
+        if key in RunLock.held: return True
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(self.path, 'a+')
+        try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0); holder = f.read().strip() or 'a process that has not said who it is yet'
+            f.close()
+            raise ResumeError(f"{self.path.with_suffix('.pth')} belongs to a run that is still running ({holder}): "
+                              "two processes of one run would both continue it and overwrite each other's "
+                              "checkpoints. Wait until it ends (or stop it), or give this run its own checkpoints "
+                              "(`CheckpointCB(fname=...)`).") from None
+        except OSError as e:
+            f.close()
+            if not RunLock._told:
+                RunLock._told = True
+                warnings.warn(f"The file system of {self.path.parent} cannot lock files ({e}): nothing stops a second "
+                              "process of this run from continuing its checkpoints while it runs. Run one at a time.")
+            return False
+        f.seek(0); f.truncate()
+        f.write(f"host {socket.gethostname()}, pid {os.getpid()}, started "
+                f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(_process_start()))}\n")
+        f.flush()
+        RunLock.held[key] = f
+        return True
+
+def _process_start() -> float:
+    "When this process started (seconds since the epoch): Linux's /proc, else now"
+    try:
+        ticks = int(Path(f'/proc/{os.getpid()}/stat').read_text().rsplit(')', 1)[1].split()[19])
+        boot = next(float(l.split()[1]) for l in Path('/proc/stat').read_text().splitlines() if l.startswith('btime'))
+        return boot + ticks / os.sysconf('SC_CLK_TCK')
+    except (OSError, ValueError, IndexError, StopIteration): return time.time()
