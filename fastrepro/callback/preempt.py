@@ -20,7 +20,7 @@ from ..state.integrity import older_checkpoints
 from ..record.trace import state_digest
 from .repro import ReproCB
 from ..state.resume import inside_problem, run_identity, run_difference, fit_schedule
-from ..state.resume import RunLock, LOCK_SUFFIX
+from ..state.resume import RunLock, LOCK_SUFFIX, ForeignRunError
 
 # %% auto #0
 __all__ = ['PREEMPT_SIGNALS', 'SIGNAL_EXIT_BASE', 'SAVE_FAILED_EXIT', 'MANIFEST_SUFFIX', 'POSITION_KEYS', 'DIGEST_KEYS',
@@ -311,7 +311,7 @@ class Autoresume:
         "Refuse to continue a checkpoint that another run wrote: another identity, or other code"
         learn, where = self.cb.learn, info['path']
         why = run_difference(info.get('identity') or {'epochs': info['n_epoch']}, self.cb.identity, where)
-        if why: raise ResumeError(f"{where} was written by another run: {why}. Continuing it would give this run "
+        if why: raise ForeignRunError(f"{where} was written by another run: {why}. Continuing it would give this run "
                                   "another run's weights. Give each run its own checkpoints (`CheckpointCB(fname="
                                   "...)`, e.g. one per seed), or delete the checkpoints to start over.")
         prov, saved = learn.repro_cb.provenance, info.get('git') or {}
@@ -320,7 +320,7 @@ class Autoresume:
         git = prov.git_now(learn)
         if (saved.get('commit'), saved.get('diff_hash')) != (git['commit'], git['diff_hash']):
             now = dict(git, patch=git_patch(git['root'], prov.outputs(learn)))
-            raise ResumeError(f"{where} was written by other code than this run's ({code_changes(saved, now)}): "
+            raise ForeignRunError(f"{where} was written by other code than this run's ({code_changes(saved, now)}): "
                               "continuing it would mix the two. Run the code that wrote it, or delete the "
                               "checkpoints to start over.")
 
@@ -329,8 +329,8 @@ class Autoresume:
         why = None
         if rank_distrib() == 0:
             try: RunLock(self.cb.path.with_suffix(LOCK_SUFFIX)).take()
-            except ResumeError as e: why = str(e)
-        if any_rank(why is not None)[0]: raise ResumeError(why or "Rank 0 of this run could not take its lock.")
+            except ForeignRunError as e: why = str(e.code)
+        if any_rank(why is not None)[0]: raise ForeignRunError(why or "Rank 0 of this run could not take its lock.")
 
     def newest(self) -> str:
         "Which checkpoint a rerun continues from, in a sentence"

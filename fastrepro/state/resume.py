@@ -21,7 +21,8 @@ from .distrib import world_size
 
 # %% auto #0
 __all__ = ['END_COUNTERS', 'IDENTITY', 'SCHEDULE_POINTS', 'LOCK_SUFFIX', 'Position', 'inside_state', 'inside_problem',
-           'ResumePlan', 'end_state', 'restore_end', 'fit_schedule', 'run_identity', 'run_difference', 'RunLock']
+           'ResumePlan', 'end_state', 'restore_end', 'ForeignRunError', 'fit_schedule', 'run_identity',
+           'run_difference', 'RunLock']
 
 # %% ../../nbs/state/10_resume.ipynb #f4380435
 @dataclass
@@ -240,6 +241,13 @@ def restore_end(learn:Learner, # the learner that loaded the checkpoint
     set_fastai_callback_states(learn, state['fastai_callbacks'])
 
 # %% ../../nbs/state/10_resume.ipynb #f421f947
+class ForeignRunError(ResumeError, SystemExit):
+    ("A checkpoint of another run, or of a run still running: refused before anything is read or written. A "
+     "`SystemExit` too, so a script ends with its one line and no traceback")
+    def __init__(self, msg:str):
+        super().__init__(f"fastrepro: {msg}")
+        self.code = str(self)  # what Python prints when it ends the process
+
 # what a checkpoint records of the run that wrote it, and how a refusal names each part
 IDENTITY = {'seed': 'seed', 'command': 'command line', 'model': 'model (parameter names and shapes)',
             'data': 'data (items and vocabulary)', 'epochs': 'number of epochs',
@@ -296,7 +304,7 @@ class RunLock:
         except BlockingIOError:
             f.seek(0); holder = f.read().strip() or 'a process that has not said who it is yet'
             f.close()
-            raise ResumeError(f"{self.path.with_suffix('.pth')} belongs to a run that is still running ({holder}): "
+            raise ForeignRunError(f"{self.path.with_suffix('.pth')} belongs to a run that is still running ({holder}): "
                               "two processes of one run would both continue it and overwrite each other's "
                               "checkpoints. Wait until it ends (or stop it), or give this run its own checkpoints "
                               "(`CheckpointCB(fname=...)`).") from None
