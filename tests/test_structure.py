@@ -162,7 +162,7 @@ if __name__ == '__main__':
     sys.exit(0)
 
 
-CHECKPOINT_CB_MAX_LINES = 150  # CheckpointCB stays a small callback: whose run a checkpoint is lives with the resume plan
+CHECKPOINT_CB_MAX_LINES = 150  # CheckpointCB stays small: whose run a checkpoint is lives with the resume plan
 
 
 def test_checkpoint_callback_stays_small():
