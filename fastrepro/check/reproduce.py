@@ -299,12 +299,13 @@ def _plan(rec:dict, carried:list, out:Path, command:str|None, env:dict|None, sho
      "variables it sets, the environment's expected differences, what the file carries and whether it is trusted")
     info, entry = rec['info'], rec['info']['entry']
     if command is None and (entry or {}).get('kind') in ('notebook', 'ipython'):  # `rerun_command` writes the cells
-        argv, cwd = [f"a fresh Jupyter kernel replaying the {len(entry['cells'] or [])} recorded cells"], entry['cwd']
+        argv = [f"a fresh Jupyter kernel replaying the {len(entry['cells'] or [])} recorded cells"]
+        cwd = PLACEHOLDER_WT/entry['cwd']
     else: argv, cwd = rerun_command(entry, PLACEHOLDER_WT, out/'stop.json', command)
     run_env = rerun_env(entry, env)
     before = env_differences(info['env'], _expected_env(run_env, info['env']))
     res = dict(checkpoint=str(rec['path']), commit=info['git']['commit'], patch=patch_stat(info['git'].get('patch')),
-               command=argv, cwd=str(PLACEHOLDER_WT/cwd), python=sys.executable,
+               command=argv, cwd=str(cwd), python=sys.executable,
                python_options=None if command or not entry else entry['python_options'],
                env={**((entry or {}).get('env') or {}), **(env or {})}, expected=before, prediction=prediction(before),
                carries=carried, trusted=not carried or _trusted(rec))
@@ -315,8 +316,7 @@ def plan_lines(plan:dict) -> list:
     "The lines `fastrepro reproduce --plan` prints of a plan (`reproduce(..., plan=True)`)"
     files = ', '.join(f'{f} +{a} -{r}' for f, a, r in plan['patch'])
     patch = f"{len(plan['patch'])} file(s): {files}" if plan['patch'] else 'none'
-    diffs = ', '.join(f"{d['field']} {d['recorded']} -> {d['here']}{'' if d['bits'] else ' (no bits)'}"
-                      for d in plan['expected'])
+    diffs = ', '.join(f"{d['field']} {d['recorded']} -> {d['here']}" for d in plan['expected'] if not d['bits'])
     trusted = ('not needed: it carries no code' if not plan['carries'] else 'yes: signed by you, or trusted' if
                plan['trusted'] else 'no: refused without --trust (`fastrepro trust FILE` trusts it for later)')
     return [f"fastrepro reproduce --plan {plan['checkpoint']}: runs nothing",
@@ -326,7 +326,7 @@ def plan_lines(plan:dict) -> list:
             f"  in           {plan['cwd']}",
             f"  interpreter  {plan['python']}, options: {' '.join(plan['python_options'] or []) or 'none'}",
             f"  sets         {', '.join(f'{k}={v}' for k, v in plan['env'].items()) or 'nothing'}",
-            f"  environment  {plan['prediction']}{f' ({diffs})' if diffs else ''}",
+            f"  environment  {plan['prediction']}{f'; no bits change with {diffs}' if diffs else ''}",
             f"  carries      {'; '.join(plan['carries']) or 'nothing but its commit'}",
             f"  trusted      {trusted}"]
 
