@@ -301,7 +301,9 @@ def _plan(rec:dict, carried:list, out:Path, command:str|None, env:dict|None, sho
     if command is None and (entry or {}).get('kind') in ('notebook', 'ipython'):  # `rerun_command` writes the cells
         argv = [f"a fresh Jupyter kernel replaying the {len(entry['cells'] or [])} recorded cells"]
         cwd = PLACEHOLDER_WT/entry['cwd']
-    else: argv, cwd = rerun_command(entry, PLACEHOLDER_WT, out/'stop.json', command)
+    else:
+        try: argv, cwd = rerun_command(entry, PLACEHOLDER_WT, out/'stop.json', command)
+        except ReproduceError as e: argv, cwd = [f"none it can start: {e}"], PLACEHOLDER_WT  # a plan still shows
     run_env = rerun_env(entry, env)
     before = env_differences(info['env'], _expected_env(run_env, info['env']))
     res = dict(checkpoint=str(rec['path']), commit=info['git']['commit'], patch=patch_stat(info['git'].get('patch')),
