@@ -136,6 +136,8 @@ def test_crafted_files_are_refused_before_anything_runs(colleague, tmp_path):
     cases = {name: ['reproduce', _craft(ck, tmp_path/f'{i}.pth', g, en, s), '--out', tmp_path/'out']
              for i, (name, (g, en, s, _)) in enumerate(files.items())}
     cases['another secret'] = ['reproduce', ck, '--out', tmp_path/'out']  # the colleague's file as it was written
+    isolated = _craft(ck, tmp_path/'isolated.pth', None, dict(python_options=['-I']), mine)
+    cases['-I with --command'] = ['reproduce', isolated, '--command', 'python train.py', '--out', tmp_path/'out']
     book = tmp_path/'row.db'  # a ledger row whose entry was edited in the database
     shutil.copy(root/'runs.db', book)
     with sqlite3.connect(book) as db:
@@ -153,6 +155,9 @@ def test_crafted_files_are_refused_before_anything_runs(colleague, tmp_path):
         _assert_refused(res, name, 'would run code it carries', 'fastrepro reproduce --plan', 'fastrepro reproduce '
                         '--trust', 'reproduce(..., trust=True)', 'fastrepro trust')
     _assert_refused(res, 'another secret', 'a patch of 1 file(s) (train.py +1 -1)', 'does not verify with your secret')
+    # the user's own command line replaces the recorded options: past them, the patch still asks for consent
+    _assert_refused(res, '-I with --command', 'a patch of 1 file(s) (train.py +1 -1);', 'does not verify')
+    _assert_refused(res, 'option -I', 're-run with your own command line (command=, --command)')
     _assert_refused(res, 'ledger row command', "Ledger run 1's field entry.command is not what its checkpoint")
     _assert_refused(res, 'ledger row env', 'Ledger run 1: field entry.env holds LD_PRELOAD')
     assert sorted(p.name for p in m.iterdir()) == [], 'the carried code ran'

@@ -121,7 +121,7 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
     rec = _record(checkpoint)
     run = rec['extra']['callbacks']['repro_cb']['ledger_run'] if run is None else run
     record = None if book is None or run is None else _ledger_record(book, run)
-    _check_record(rec)
+    _check_record(rec, command)
     if record is not None: _same_run(record, rec)
     info, git = rec['info'], rec['info']['git']
     root = code_root(git, repo)
@@ -256,9 +256,12 @@ def _consent(rec:dict, carried:list, trust:bool):
                           f"runs with `fastrepro reproduce --plan {f}`, then run it with `fastrepro reproduce --trust "
                           f"{f}` (reproduce(..., trust=True)), or trust it for later with `fastrepro trust {f}`.")
 
-def _check_record(rec:dict):
-    "Refuse a record with a field fastrepro cannot have written as it is (`record_problem`), naming the field"
-    why = record_problem(rec['info']['git'], rec['info']['entry'])
+def _check_record(rec:dict, command:str|None=None):
+    ("Refuse a record with a field fastrepro cannot have written as it is (`record_problem`), naming the field; with "
+     "the user's own `command`, the recorded interpreter options are not used")
+    entry = rec['info']['entry']
+    if command is not None and entry is not None: entry = {**entry, 'python_options': []}
+    why = record_problem(rec['info']['git'], entry)
     if why: raise ReproduceError(f"{rec['path']}: {why}. fastrepro did not write this record as it is, so nothing of "
                                  "it is run: reproduce from the file the run wrote.")
 

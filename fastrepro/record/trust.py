@@ -175,7 +175,8 @@ def entry_problem(entry:dict|None) -> str|None:
     opts = entry['python_options']
     bad = f"is {opts!r}" if not isinstance(opts, list) else _option_problem(opts)
     if bad: return (f"field entry.python_options holds {bad}, not an interpreter option that changes no code "
-                    "(-O, -B, -u, -W, -X with a known value)")
+                    "(-O, -B, -u, -W, -X with a known value); a run started with it is re-run with your own command "
+                    "line (command=, --command)")
     if not isinstance(env, dict): return f"field entry.env is {env!r}, not a record of variables"
     foreign = ', '.join(str(k) for k in env if k not in ENTRY_ENV)
     if foreign: return f"field entry.env holds {foreign}: fastrepro records only ENTRY_ENV variables"
