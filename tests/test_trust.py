@@ -1,9 +1,10 @@
 """Reproducing someone else's checkpoint runs nothing it carries without consent (issue 49). One run of a committed
-script with an uncommitted change, written with a colleague's secret; copies of its checkpoint rewritten the way anyone
-holding the file can (`torch.load`, edit, `torch.save`; a patch made with fastrepro's own `git_patch`/`git_info`), each
-refused in a fresh process before anything runs: exit 2, one line, and the marker file the carried code would write
-never appears. A ledger row edited in the database is refused the same way. Good paths: `--plan` runs nothing,
-`--trust` reproduces the colleague's checkpoint, `fastrepro trust FILE` then reproduces it without a flag."""
+script with an uncommitted change, written with a colleague's secret; copies of its checkpoint rewritten the way
+anyone holding the file can (`torch.load`, edit, `torch.save`; a patch made with fastrepro's own
+`git_patch`/`git_info`), each refused in a fresh process before anything runs: exit 2, one line, and the marker file
+the carried code would write never appears. A ledger row edited in the database (SQLite, a team's PostgreSQL) is
+refused the same way. Good paths: `--plan` runs nothing, `--trust` reproduces the colleague's checkpoint, `fastrepro
+trust FILE` then reproduces it without a flag."""
 import io, json, os, shutil, sqlite3, subprocess, sys
 from pathlib import Path
 import pytest
@@ -15,6 +16,7 @@ from fastrepro.state.checkpoint import checkpoint_info, read_checkpoint, split_s
 from fastrepro.state.formats import pack_git, pack_entry
 from fastrepro.record.provenance import git_info, git_patch
 from fastrepro.record.trust import sign_run, trusted_file
+from fastrepro.experiments.ledger import Ledger
 
 pytestmark = pytest.mark.slow  # trains and re-runs in fresh processes: the inner loop (-m "not slow") skips it
 
@@ -183,3 +185,21 @@ def test_plan_runs_nothing_trust_reproduces(colleague, tmp_path):
     p = fastrepro_cli('reproduce', ck, '--out', tmp_path/'later', cwd=tmp_path, timeout=RUN_TIMEOUT_S)
     assert p.returncode == 0 and 'reproduced bit for bit' in p.stdout, (p.stdout[-2000:], p.stderr[-3000:])
     assert _git(root, 'worktree', 'list', '--porcelain') == before
+
+
+def test_an_edited_row_of_a_shared_postgresql_ledger_is_refused(colleague, pg_url, tmp_path):
+    "A row of a team's PostgreSQL ledger, which any teammate writes: as written it plans; edited, it is refused"
+    root, ck = colleague
+    row = Ledger(root/'runs.db').runs(id=1).iloc[0]
+    shared = Ledger(pg_url)
+    rid = shared.add(dict(experiment=row.experiment, seed=int(row.seed), commit=row.commit, git=row.git,
+                          entry=row.entry, run_key=row.run_key))
+    p = fastrepro_cli('reproduce', '--ledger', pg_url, '--run', rid, '--plan', cwd=tmp_path, timeout=RUN_TIMEOUT_S)
+    assert p.returncode == 0 and f'--plan {ck}: runs nothing' in p.stdout, (p.stdout[-2000:], p.stderr[-2000:])
+    shared.update(rid, entry={**row.entry, 'cwd': 'models'})  # where the checkpoint is looked for: still found
+    p = fastrepro_cli('reproduce', '--ledger', pg_url, '--run', rid, '--trust', '--out', tmp_path/'out', cwd=tmp_path,
+                      timeout=RUN_TIMEOUT_S)
+    lines = [l for l in p.stderr.splitlines() if not l.startswith('fastrepro: warning:')]
+    assert p.returncode == 2 and len(lines) == 1, (p.returncode, p.stderr[-3000:])
+    assert f"Ledger run {rid}'s field entry.cwd is not what its checkpoint" in lines[0], lines[0]
+    assert not (tmp_path/'out').exists() and _git(root, 'worktree', 'list').count('\n') == 1
