@@ -5,11 +5,11 @@ anyone holding the file can (`torch.load`, edit, `torch.save`; a patch made with
 the carried code would write never appears. A ledger row edited in the database (SQLite, a team's PostgreSQL) is
 refused the same way. Good paths: `--plan` runs nothing, `--trust` reproduces the colleague's checkpoint, `fastrepro
 trust FILE` then reproduces it without a flag."""
-import io, json, os, shutil, sqlite3, subprocess, sys
+import json, shutil, sqlite3, subprocess, sys
 from pathlib import Path
 import pytest
 import torch
-from conftest import ROOT, fastrepro_cli, hang_limit
+from conftest import fastrepro_cli, hang_limit
 from test_reproduce import _repo, _git, _env
 
 from fastrepro.state.checkpoint import checkpoint_info, read_checkpoint, split_state
@@ -106,7 +106,7 @@ def test_crafted_files_are_refused_before_anything_runs(colleague, tmp_path):
     try: evil = dict(patch=git_patch(root, outs), diff_hash=git_info(root, outs)['diff_hash'])
     finally: (root/'train.py').write_text(TRAIN.replace('LR = 1e-2', 'LR = 2e-2'))
     mine = sign_run(info['git'], info['entry'])  # this user's (the tests') signature of the record as it was
-    env, e = info['entry']['env'], info['entry']
+    env = info['entry']['env']
     files = {  # name -> (git, entry, signature, expected in the line)
         'option -c': (None, dict(python_options=['-c', _marker_code(marker('option -c'))]), None,
                       'field entry.python_options holds -c'),
