@@ -36,7 +36,7 @@ from .experiments.fit_record import FitRecord
 from .experiments.stats import compare, ablation, seeds_needed, seed_power, cohens_d, hedges_g
 from .experiments.stats import ComparisonWarning
 from .experiments.sweep import repeat, pinned, SweepError, WorkerError
-from .check.reproduce import reproduce
+from .check.reproduce import reproduce, trust_checkpoint, NotTrustedError
 from .check.verdict import Reproduction
 from .check.rebuild import ReproduceError
 

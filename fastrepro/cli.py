@@ -1,4 +1,4 @@
-"""`fastrepro env`, `fastrepro runs`, `fastrepro compare`, `fastrepro diff`, `fastrepro reproduce`, `fastrepro demo`: the environment, the ledger, honest comparisons, where two runs part, a run reproduced from one checkpoint, and the reproducibility demo from a shell.
+"""`fastrepro env`, `fastrepro runs`, `fastrepro compare`, `fastrepro diff`, `fastrepro reproduce`, `fastrepro trust`, `fastrepro demo`: the environment, the ledger, honest comparisons, where two runs part, a run reproduced from one checkpoint (and someone else's trusted), and the reproducibility demo from a shell.
 
 Docs: https://fastrepro.github.io/fastrepro/cli.html.md"""
 
@@ -17,7 +17,7 @@ from .experiments.ledger import Ledger, metrics_frame
 # %% auto #0
 __all__ = ['COMMANDS', 'EXIT_USAGE', 'EXIT_REGRESSION', 'LEDGER_ARG', 'COMPARE_NEEDS', 'CLIError', 'arg', 'command', 'parser',
            'main', 'env_command', 'open_ledger', 'sync_spools', 'runs_command', 'compare_command', 'diff_command',
-           'reproduce_command', 'demo_command', 'selftest_command']
+           'reproduce_command', 'trust_command', 'demo_command', 'selftest_command']
 
 # %% ../nbs/90_cli.ipynb #37049b5c
 COMMANDS = {}  # subcommand name -> (function, arguments)
@@ -236,7 +236,11 @@ def _assignments(pairs:list|None) -> dict:
          arg('--segments', action='store_true',
              help="verify in segments: from each checkpoint CheckpointCB kept beside CHECKPOINT to the next recorded"),
          arg('--workers', type=int, default=0, metavar='N', help='processes that re-run the segments side by side'),
-         arg('--json', action='store_true', help='print the report as JSON'))
+         arg('--json', action='store_true', help='print the report as JSON'),
+         arg('--plan', action='store_true', help='print what it would run (commit, patch, command, interpreter, '
+             'variables, expected differences) and run nothing'),
+         arg('--trust', action='store_true', help="run the code the checkpoint carries (a patch, notebook cells, a "
+             "command outside its commit) though it is not signed by you: read its --plan first"))
 def reproduce_command(args):
     ("Rebuild a checkpoint's code, re-run it to the checkpoint's position and compare bit for bit (exit code 0: "
      "reproduced, 1: the runs part, 2: could not run)")
@@ -244,22 +248,42 @@ def reproduce_command(args):
         from fastrepro.check.rebuild import ReproduceError, EXIT_FAILED
         from fastrepro.check.reproduce import reproduce, reproduce_segments, segments_verdict
     kwargs = dict(repo=args.repo, command=args.command, env=_assignments(args.env), strict=args.strict,
-                  timeout=args.timeout)
+                  timeout=args.timeout, trust=args.trust)
     try:
         if args.segments:
-            if args.checkpoint is None or args.ledger or args.run:
+            if args.checkpoint is None or args.ledger or args.run or args.plan:
                 raise ReproduceError("--segments verifies the checkpoints kept beside CHECKPOINT: pass it, without "
-                                     "--ledger or --run.")
+                                     "--ledger, --run or --plan.")
             res = reproduce_segments(args.checkpoint, args.out, args.workers, **kwargs)
             text, code = segments_verdict(res)
             print(json.dumps([r.to_dict() for r in res], indent=1, default=str) if args.json else text)
             return code
-        r = reproduce(args.checkpoint, args.out, **kwargs, show=not args.json, ledger=args.ledger, run=args.run)
+        r = reproduce(args.checkpoint, args.out, **kwargs, show=not args.json, ledger=args.ledger, run=args.run,
+                      plan=args.plan)
+        if args.plan:
+            if args.json: print(json.dumps(r, indent=1, default=str))
+            return 0
     except ReproduceError as e:
         print(f"fastrepro reproduce: {' '.join(str(e).split())}", file=sys.stderr)
         return EXIT_FAILED
     if args.json: print(json.dumps(r.to_dict(), indent=1, default=str))
     return r.exit_code
+
+# %% ../nbs/90_cli.ipynb #70fabb78
+@command('trust', arg('checkpoint', help="someone else's checkpoint, whose --plan you have read"))
+def trust_command(args):
+    ("Trust a checkpoint from now on, as `jupyter trust` does a notebook: `fastrepro reproduce` runs the code it "
+     "carries (a patch, notebook cells, a command outside its commit) without --trust")
+    with _library_imports():
+        from fastrepro.check.rebuild import ReproduceError, EXIT_FAILED
+        from fastrepro.check.reproduce import trust_checkpoint
+        from fastrepro.record.trust import trusted_file
+    try: trust_checkpoint(args.checkpoint)
+    except ReproduceError as e:
+        print(f"fastrepro trust: {' '.join(str(e).split())}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"fastrepro trust: {args.checkpoint} is trusted: `fastrepro reproduce` runs the code it carries without "
+          f"--trust (its signature is kept in {trusted_file()})")
 
 # %% ../nbs/90_cli.ipynb #07021f1a
 @command('demo', arg('--profile', default='fast',

@@ -1,7 +1,7 @@
 """Shared fixtures and helpers: the IMDB sample under a temporary \
 FASTAI_HOME (nothing is downloaded), the command line in
 a fresh process, and bit-for-bit model comparison."""
-import math, os, shutil, subprocess, sys
+import math, os, shutil, subprocess, sys, tempfile
 from pathlib import Path
 import pytest
 
@@ -28,6 +28,11 @@ STARTED_ENV = dict(os.environ)  # the environment pytest was started in, before 
 # MKL and OpenMP read these when they start, in this process and in every process a test starts: MKL's conditional
 # numerical reproducibility and no dynamic threading (issue 12), the same in all of them whatever ran MKL first
 for k, v in DETERMINISTIC_ENV.items(): os.environ.setdefault(k, v)
+
+# every process a test starts signs and checks checkpoints with the tests' own secret, never the user's (issue 49):
+# `fastrepro.record.trust` makes it on first use
+TEST_SECRET = Path(tempfile.gettempdir())/f'fastrepro-tests-{os.getuid()}'/'secret'
+os.environ['FASTREPRO_SECRET_FILE'] = str(TEST_SECRET)
 
 
 # pytest-xdist (`--dist loadfile`) starts the test files in this order, the longest first (measured with --durations on

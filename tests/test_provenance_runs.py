@@ -11,6 +11,8 @@ from conftest import ROOT, hang_limit
 from fastrepro.state.checkpoint import checkpoint_info
 from fastrepro.experiments.ledger import Ledger
 from fastrepro.record.provenance import git_info, git_patch, MAX_CODE_BYTES
+from fastrepro.record.trust import record_problem
+from fastrepro.check.reproduce import carried_code, commit_files
 import fastrepro.callback.repro  # noqa: F401  (ReproCB's part of `checkpoint_info`)
 
 pytestmark = pytest.mark.slow  # trains in fresh processes: the inner loop (-m "not slow") skips it
@@ -49,6 +51,12 @@ with learn.distrib_ctx():
     learn.save('ddp')
     dist.barrier()
 '''
+
+
+def _runs_unasked(root, entry) -> bool:
+    "Is `entry` a record fastrepro writes, whose command is the commit's own (`reproduce` runs it without --trust)?"
+    return record_problem(None, entry) is None and not carried_code(dict(commit='0' * 40), entry,
+                                                                     commit_files(root, 'HEAD'))
 
 
 def _git(root, *args): return subprocess.run(['git', *args], cwd=root, check=True, capture_output=True, text=True)
@@ -129,11 +137,13 @@ def test_entry_points_of_a_script_and_a_module(tmp_path):
     assert entry['env']['PYTHONHASHSEED'] == '0' and entry['env']['OMP_NUM_THREADS'] == '1'
     assert (entry['launcher'], entry['cells'], entry['python']) == (None, None, platform.python_version())
     assert Ledger(root/'sub'/'runs.db').runs().entry.iloc[-1] == entry
+    assert _runs_unasked(root, entry)  # issue 49: a committed script with -X faulthandler, from a folder
 
     _run(root, '-m', 'pkg.train', '--name', 'module')
     entry = checkpoint_info(root/'models'/'module.pth')['entry']
     assert (entry['kind'], entry['command'], entry['cwd']) == ('module', ['-m', 'pkg.train', '--name', 'module'], '.')
     assert _last_entry(root) == entry
+    assert _runs_unasked(root, entry)
 
 
 def test_entry_point_of_a_torchrun_launch(tmp_path):
@@ -147,6 +157,7 @@ def test_entry_point_of_a_torchrun_launch(tmp_path):
     assert entry['launcher'] == dict(name='torchrun', world_size=2, nproc_per_node=2, nnodes=1)
     assert (entry['env']['WORLD_SIZE'], entry['env']['ACCELERATE_USE_CPU']) == ('2', '1')
     assert _last_entry(root, 'ddp') == entry
+    assert _runs_unasked(root, entry)  # issue 49: torchrun's own launch, re-run as it was
 
 
 # IPython keeps no last newline

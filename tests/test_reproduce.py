@@ -205,7 +205,10 @@ def test_bad_input_exits_2_with_one_line(trained, tmp_path, capsys):
     prov['git'] = pack_git({**git, 'patch': patch, 'diff_hash': digest(patch.encode(), None)})
     state['opt']['__fastrepro__'] = extra
     torch.save(state, tmp_path/'altered.pth')
-    assert 'does not apply to commit' in _one_line_error(capsys, tmp_path/'altered.pth', '--out', tmp_path/'o')
+    # altered after it was signed: refused before anything runs (issue 49); trusted, its patch does not apply
+    assert 'its signature does not verify' in _one_line_error(capsys, tmp_path/'altered.pth', '--out', tmp_path/'o')
+    assert 'does not apply to commit' in _one_line_error(capsys, tmp_path/'altered.pth', '--out', tmp_path/'o',
+                                                         '--trust')
     assert _git(root, 'worktree', 'list').count('\n') == 1
 
 

@@ -13,6 +13,7 @@ from ..state.rng import derive_seed, seed_global, rng_states, torch_seeded
 from ..state.kernels import FitSwitches
 from ..state.checkpoint import *
 from ..state.formats import pack_git, pack_entry
+from ..record.trust import signature_or_none
 from ..state.resume import Position, ResumePlan, inside_state, end_state, restore_end
 from ..state.fastai_state import recorder_state, grad_presence, fastai_callback_states
 from ..state.data import make_deterministic, undo_deterministic, set_epoch, loader_orders
@@ -83,8 +84,10 @@ class FitProvenance:
         return None if self.prov is None else self.prov['entry']
 
     def state(self) -> dict:
-        return dict(env=self.env or environment_info(), git=pack_git(self.git), entry=pack_entry(self.entry),
-                    device=self.device)
+        "What a checkpoint stores: environment, code, entry point, device, and this user's signature of what runs"
+        git, entry = self.git, self.entry
+        return dict(env=self.env or environment_info(), git=pack_git(git), entry=pack_entry(entry),
+                    device=self.device, signature=signature_or_none(git, entry))
 
 # %% ../../nbs/callback/01_repro.ipynb #dc189b24
 class UnseededStartWarning(UserWarning):

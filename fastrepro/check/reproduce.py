@@ -6,14 +6,15 @@ Docs: https://fastrepro.github.io/fastrepro/check/reproduce.html.md"""
 
 # %% ../../nbs/check/04_reproduce.ipynb #a1700004
 from __future__ import annotations
-import json, time, shutil, itertools
-from pathlib import Path
+import sys, json, time, shutil, posixpath, itertools
+from pathlib import Path, PurePosixPath
 import pandas as pd
 from ..state.checkpoint import CheckpointError, read_checkpoint, split_state, checkpoint_info
 from ..record.trace import trace_frame
 from ..experiments.store import LedgerError, REPRODUCTION, _one_line
 from ..experiments.ledger import Ledger
 from ..record.trackers import note_runs
+from ..record.trust import record_problem, entry_problem, is_trusted, trust_run, SecretError
 from ..callback.preempt import POSITION_KEYS, manifest_path, read_manifest, manifest_key
 from .rebuild import ReproduceError, EXIT_REPRODUCED, EXIT_PARTS, _record, _git, code_root, code_worktree
 from .rebuild import _interruptible
@@ -22,8 +23,9 @@ from .verdict import env_differences, prediction, compare_states, compare_digest
 from .verdict import _quantity, _data
 
 # %% auto #0
-__all__ = ['MAX_CANDIDATES', 'STOP_NAME', 'ledger_checkpoint', 'record_reproduction', 'reproduce', 'kept_checkpoints',
-           'segment_plan', 'reproduce_segments', 'segments_verdict']
+__all__ = ['MAX_CANDIDATES', 'STOP_NAME', 'RUN_FIELDS', 'PLACEHOLDER_WT', 'ledger_checkpoint', 'record_reproduction', 'reproduce',
+           'NotTrustedError', 'patch_stat', 'commit_files', 'carried_code', 'trust_checkpoint', 'plan_lines',
+           'kept_checkpoints', 'segment_plan', 'reproduce_segments', 'segments_verdict']
 
 # %% ../../nbs/check/04_reproduce.ipynb #a1700046
 MAX_CANDIDATES = 1000  # files read when looking for a ledger run's checkpoint: a project's models, not a data lake
@@ -55,6 +57,7 @@ def _ledger_record(ledger:Ledger, run:str|int) -> pd.Series:
     runs = ledger.runs(id=int(run)) if isinstance(run, int) or str(run).isdigit() else ledger.runs(run_key=run)
     if not len(runs): raise ReproduceError(f"There is no run {run} in ledger {ledger.db.address}: `fastrepro runs` "
                                            "lists its runs.")
+    _check_row(runs.iloc[0])  # its folder is searched for the run's checkpoints
     return runs.iloc[0]
 
 def record_reproduction(ledger:Ledger, # the ledger of the reproduced run
@@ -105,7 +108,9 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
               run:int|None=None, # a run of `ledger` to reproduce, from its newest checkpoint (instead of `checkpoint`)
               start=None, # an earlier checkpoint of the same run: the re-run resumes from it (a segment)
               until:dict|None=None, # a manifest entry of a checkpoint of this run that `keep` deleted: stop there
-             ) -> Reproduction:
+              trust:bool=False, # run the code the file carries (patch, cells, a command outside its commit) unsigned
+              plan:bool=False, # show what would run and run nothing: the plan is returned (a dict)
+             ) -> Reproduction|dict:
     ("Rebuild the code of `checkpoint` in a temporary git worktree, compare the environment, re-run the recorded entry "
      "point to the checkpoint's position and compare the two runs bit for bit")
     t0, out = time.perf_counter(), Path(out).absolute()
@@ -116,8 +121,13 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
     rec = _record(checkpoint)
     run = rec['extra']['callbacks']['repro_cb']['ledger_run'] if run is None else run
     record = None if book is None or run is None else _ledger_record(book, run)
+    _check_record(rec, command)
+    if record is not None: _same_run(record, rec)
     info, git = rec['info'], rec['info']['git']
     root = code_root(git, repo)
+    carried = carried_code(git, info['entry'], commit_files(root, git['commit']), command)
+    if plan: return _plan(rec, carried, out, command, env, show)
+    _consent(rec, carried, trust)  # before anything runs
     out.mkdir(parents=True, exist_ok=True)
     stop = out/f'{STOP_NAME}.pth'
     for f in (stop, stop.with_suffix('.json'), out/'rerun.log'): f.unlink(missing_ok=True)
@@ -179,6 +189,151 @@ def _keep_checkpoints(wt:Path, dest:Path):
         if rel.as_posix() in tracked or rel.parts[0] == '.git': continue
         (dest/rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(f, dest/rel)
+
+# %% ../../nbs/check/04_reproduce.ipynb #9558a1dd
+class NotTrustedError(ReproduceError):
+    "The checkpoint would run code it carries (a patch, notebook cells, a command outside its commit), not trusted"
+
+def patch_stat(patch:str|None) -> list:
+    "`(file, lines added, lines removed)` of each file a patch changes, in its order"
+    res, hunk = [], False
+    for line in (patch or '').splitlines():
+        if line.startswith('diff --git '): res.append([line.rsplit(' b/', 1)[-1], 0, 0]); hunk = False
+        elif line.startswith('@@'): hunk = True
+        elif res and hunk and line[:1] in '+-': res[-1][1 if line[0] == '+' else 2] += 1
+    return [tuple(r) for r in res]
+
+def _patch_text(patch:str) -> str:
+    stat = patch_stat(patch)
+    return f"a patch of {len(stat)} file(s) ({', '.join(f'{f} +{a} -{r}' for f, a, r in stat)})"
+
+def _inside(rel:str) -> bool:
+    "Is the recorded path `rel` inside the rebuilt code: relative, and not climbing out of it?"
+    p = PurePosixPath(rel)
+    return not p.is_absolute() and '..' not in p.parts
+
+def commit_files(root:Path, commit:str) -> set:
+    "The files of `commit` in the repository `root`, relative to its root"
+    return set(_git(root, 'ls-tree', '-r', '-z', '--name-only', commit).stdout.decode('utf-8', 'surrogateescape')
+               .split('\0')) - {''}
+
+def _from_commit(entry:dict, files:set) -> bool:
+    "Does `entry`'s command start a file of the commit (a script, or a module of the rebuilt code), from inside it?"
+    cwd, cmd = posixpath.normpath(entry['cwd']), entry['command']
+    if not _inside(cwd): return False
+    if entry['kind'] == 'script': return _inside(cmd[0]) and posixpath.normpath(cmd[0]) in files
+    mod = posixpath.join(cwd, cmd[1].replace('.', '/')).removeprefix('./')  # `-m`: found first in the folder it ran in
+    return f'{mod}.py' in files or f'{mod}/__main__.py' in files
+
+def carried_code(git:dict, # the checkpoint's git record, with its patch
+                 entry:dict|None, # its entry point
+                 files:set, # the files of its commit (`commit_files`)
+                 command:str|None=None, # the user's own command line, replacing the entry point's
+                ) -> list:
+    "What the record would run that is not its commit's: its patch, a notebook's cells, a command outside the commit"
+    res = [_patch_text(git['patch'])] if git.get('patch') else []
+    if command is not None or entry is None: return res  # the user's own command line runs, not the record's
+    if entry['kind'] in ('notebook', 'ipython'): res.append(f"{len(entry['cells'] or [])} recorded notebook cells")
+    elif entry['kind'] in ('script', 'module') and not _from_commit(entry, files):
+        res.append(f"the command `python {' '.join(entry['command'])}` (in {entry['cwd']}), which is no file of "
+                   f"commit {git['commit'][:12]}")
+    return res
+
+def _signature(rec:dict) -> str|None: return rec['extra']['callbacks']['repro_cb']['provenance'].get('signature')
+
+def _trusted(rec:dict) -> bool:
+    try: return is_trusted(rec['info']['git'], rec['info']['entry'], _signature(rec))
+    except SecretError as e: raise ReproduceError(str(e)) from e
+
+def _consent(rec:dict, carried:list, trust:bool):
+    "Refuse, before anything runs, a record that carries code and is neither the user's own nor trusted"
+    if not carried or trust or _trusted(rec): return
+    f = rec['path']
+    why = ("it is unsigned (written by another user's fastrepro, or by a version before signatures)"
+           if _signature(rec) is None else "its signature does not verify with your secret (another user's file, or "
+           "changed since it was signed)")
+    raise NotTrustedError(f"{f} would run code it carries, not its commit's: {'; '.join(carried)}; {why}. See what it "
+                          f"runs with `fastrepro reproduce --plan {f}`, then run it with `fastrepro reproduce --trust "
+                          f"{f}` (reproduce(..., trust=True)), or trust it for later with `fastrepro trust {f}`.")
+
+def _check_record(rec:dict, command:str|None=None):
+    ("Refuse a record with a field fastrepro cannot have written as it is (`record_problem`), naming the field; with "
+     "the user's own `command`, the recorded interpreter options are not used")
+    entry = rec['info']['entry']
+    if command is not None and entry is not None: entry = {**entry, 'python_options': []}
+    why = record_problem(rec['info']['git'], entry)
+    if why: raise ReproduceError(f"{rec['path']}: {why}. fastrepro did not write this record as it is, so nothing of "
+                                 "it is run: reproduce from the file the run wrote.")
+
+def trust_checkpoint(checkpoint, # a checkpoint someone else's fastrepro run wrote, read and accepted
+                    ) -> str:
+    ("Trust `checkpoint` from now on, as `jupyter trust` does a notebook: `reproduce` runs the code it carries without "
+     "`trust=True`; its signature is kept beside the user's secret, the file stays as it is")
+    rec = _record(checkpoint)
+    _check_record(rec)
+    try: return trust_run(rec['info']['git'], rec['info']['entry'])
+    except SecretError as e: raise ReproduceError(str(e)) from e
+
+# %% ../../nbs/check/04_reproduce.ipynb #8d3a12a2
+RUN_FIELDS = ('kind', 'command', 'python_options', 'cwd', 'env', 'launcher')  # what of an entry point runs
+
+def _check_row(record:pd.Series):
+    "Refuse a ledger row whose entry point has a field fastrepro does not write: its folder is searched for checkpoints"
+    why = entry_problem(record.entry if isinstance(record.entry, dict) else None)
+    if why: raise ReproduceError(f"Ledger run {record.name}: {why}. The row was changed after the run wrote it: "
+                                 "reproduce the run's checkpoint itself.")
+
+def _same_run(record:pd.Series, rec:dict):
+    "Refuse a ledger row (anyone's to edit) whose commit or entry point is not what its checkpoint (checked) records"
+    row, entry = record.entry if isinstance(record.entry, dict) else None, rec['info']['entry']
+    def _canon(v): return json.dumps(v, sort_keys=True, default=str)
+    differ = [] if record.commit == rec['info']['git']['commit'] else ['commit']
+    if row is not None and entry is not None: differ += [f'entry.{k}' for k in RUN_FIELDS
+                                                         if _canon(row.get(k)) != _canon(entry.get(k))]
+    if differ: raise ReproduceError(f"Ledger run {record.name}'s field {differ[0]} is not what its checkpoint "
+                                    f"{rec['path']} records: the row was changed after the run wrote it. Reproduce "
+                                    "the checkpoint itself, whose record is checked.")
+
+# %% ../../nbs/check/04_reproduce.ipynb #c528ae77
+PLACEHOLDER_WT = Path('<worktree>')  # where a plan shows the rebuilt code: a temporary folder made when it runs
+
+def _plan(rec:dict, carried:list, out:Path, command:str|None, env:dict|None, show:bool) -> dict:
+    ("What `reproduce` would do with `rec`, running nothing: the commit, patch, command, interpreter and options, the "
+     "variables it sets, the environment's expected differences, what the file carries and whether it is trusted")
+    info, entry = rec['info'], rec['info']['entry']
+    if command is None and (entry or {}).get('kind') in ('notebook', 'ipython'):  # `rerun_command` writes the cells
+        argv = [f"a fresh Jupyter kernel replaying the {len(entry['cells'] or [])} recorded cells"]
+        cwd = PLACEHOLDER_WT/entry['cwd']
+    else:
+        try: argv, cwd = rerun_command(entry, PLACEHOLDER_WT, out/'stop.json', command)
+        except ReproduceError as e: argv, cwd = [f"none it can start: {e}"], PLACEHOLDER_WT  # a plan still shows
+    run_env = rerun_env(entry, env)
+    before = env_differences(info['env'], _expected_env(run_env, info['env']))
+    res = dict(checkpoint=str(rec['path']), commit=info['git']['commit'], patch=patch_stat(info['git'].get('patch')),
+               command=argv, cwd=str(cwd), python=sys.executable,
+               python_options=None if command or not entry else entry['python_options'],
+               env={**((entry or {}).get('env') or {}), **(env or {})}, expected=before, prediction=prediction(before),
+               carries=carried, trusted=not carried or _trusted(rec))
+    if show: print('\n'.join(plan_lines(res)), flush=True)
+    return res
+
+def plan_lines(plan:dict) -> list:
+    "The lines `fastrepro reproduce --plan` prints of a plan (`reproduce(..., plan=True)`)"
+    files = ', '.join(f'{f} +{a} -{r}' for f, a, r in plan['patch'])
+    patch = f"{len(plan['patch'])} file(s): {files}" if plan['patch'] else 'none'
+    diffs = ', '.join(f"{d['field']} {d['recorded']} -> {d['here']}" for d in plan['expected'] if not d['bits'])
+    trusted = ('not needed: it carries no code' if not plan['carries'] else 'yes: signed by you, or trusted' if
+               plan['trusted'] else 'no: refused without --trust (`fastrepro trust FILE` trusts it for later)')
+    return [f"fastrepro reproduce --plan {plan['checkpoint']}: runs nothing",
+            f"  commit       {plan['commit']}, rebuilt in a temporary git worktree ({PLACEHOLDER_WT})",
+            f"  patch        {patch}",
+            f"  command      {' '.join(plan['command'])}",
+            f"  in           {plan['cwd']}",
+            f"  interpreter  {plan['python']}, options: {' '.join(plan['python_options'] or []) or 'none'}",
+            f"  sets         {', '.join(f'{k}={v}' for k, v in plan['env'].items()) or 'nothing'}",
+            f"  environment  {plan['prediction']}{f'; no bits change with {diffs}' if diffs else ''}",
+            f"  carries      {'; '.join(plan['carries']) or 'nothing but its commit'}",
+            f"  trusted      {trusted}"]
 
 # %% ../../nbs/check/04_reproduce.ipynb #a1700051
 def _segment_start(start, rec:dict) -> dict:
