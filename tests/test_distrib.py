@@ -140,3 +140,5 @@ def test_example_stopped_and_rerun(example_digests, tmp_path):
     p = _check(subprocess.run(cmd, env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S), 0)
     assert 'continues where an earlier run stopped it' in p.stdout, p.stdout[-2000:]
     assert _digests(p) == example_digests
+    held = (tmp_path/'models'/'lm.lock').read_text()  # rank 0 held the run's lock for both ranks
+    assert held.count('pid ') == 1, held

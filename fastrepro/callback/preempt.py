@@ -14,7 +14,7 @@ from ..state.checkpoint import checkpoint_info, ResumeError, TMP_PREFIX, Checkpo
 from ..state.checkpoint import read_checkpoint, split_state, model_signature
 from ..state.data import data_fingerprint
 from ..record.entry import entry_point
-from ..record.provenance import written_since, code_changes, git_patch
+from ..record.provenance import code_changes, git_patch
 from ..state.checkpoint import CheckpointError, DamagedCheckpointError
 from ..state.integrity import older_checkpoints
 from ..record.trace import state_digest
@@ -315,8 +315,7 @@ class Autoresume:
                                   "another run's weights. Give each run its own checkpoints (`CheckpointCB(fname="
                                   "...)`, e.g. one per seed), or delete the checkpoints to start over.")
         prov, saved = learn.repro_cb.provenance, info.get('git') or {}
-        prov.run_outputs = []  # what the run wrote into the repository since it started is not code
-        prov.run_outputs = [Path(prov.git_now(learn)['root'])/p for p in written_since(saved, prov.git_now(learn))]
+        prov.continues(learn, saved)  # what the run wrote into the repository since it started is not code
         git = prov.git_now(learn)
         if (saved.get('commit'), saved.get('diff_hash')) != (git['commit'], git['diff_hash']):
             now = dict(git, patch=git_patch(git['root'], prov.outputs(learn)))

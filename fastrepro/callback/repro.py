@@ -21,7 +21,7 @@ from ..state.distrib import world_size
 from ..state.audit import audit_fit, audit_resume, Findings
 from ..record.trace import Trace, TRACE_EVERY, INITIAL_WEIGHTS, state_digest
 from ..state.environment import environment_info
-from ..record.provenance import run_provenance, git_info, check_ranks_agree
+from ..record.provenance import run_provenance, git_info, check_ranks_agree, written_since
 from ..experiments.ledger import Ledger
 from ..experiments.fit_record import FitRecord
 from ..record.trackers import FitTrackers
@@ -44,11 +44,20 @@ class FitProvenance:
         store_attr()
         self.prov = self.device = None  # the running (or last) fit's
         self.findings = Findings()
-        self.run_outputs = []  # files the run this process continues wrote into the repository (`written_since`)
+        self.started = None  # the code's git record as the run started: its first fit's, or a resumed checkpoint's
+        self.run_outputs = []  # what the run wrote into the repository since it started (`written_since`): not code
 
     def take_code(self, learn:Learner):
         "Record the fit's code (commit; a dirty tree's patch, refused unless `allow_dirty`) and how its process started"
+        if self.started is not None: self.continues(learn, self.started)
         self.prov = run_provenance(self.repo_path or '.', self.allow_dirty, outputs=self.outputs(learn))
+        self.started = self.started or self.prov['git']
+
+    def continues(self, learn:Learner, started:dict):
+        "Continue the run whose code's git record, as it started, is `started`: what it wrote since is not code"
+        self.started, self.run_outputs = started, []
+        now = self.git_now(learn)
+        self.run_outputs = [Path(now['root'])/p for p in written_since(started, now)] if now['is_repo'] else []
 
     def outputs(self, learn:Learner) -> list:
         ("The folders the fit writes to, whose files are never code: fastai's models, exports and our checkpoints; "

@@ -6,7 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/state/resume.html.md"""
 
 # %% ../../nbs/state/10_resume.ipynb #caeccdf6
 from __future__ import annotations
-import os, sys, time, fcntl, socket, warnings, itertools, traceback
+import os, sys, time, fcntl, socket, warnings, functools, itertools, traceback
 from dataclasses import dataclass, asdict
 import numpy as np
 from fastai.basics import *
@@ -260,8 +260,12 @@ def fit_schedule(learn:Learner, # the learner whose fit starts
     "A digest of the fit's schedule: the optimizer, its rate and weight decay, each `ParamScheduler`'s values"
     scheds = [{k: np.asarray([f(p) for p in SCHEDULE_POINTS]).tolist() for k, f in cb.scheds.items()}
               for cb in L(cbs) if isinstance(cb, ParamScheduler)]
-    opt = getattr(learn.opt_func, '__qualname__', repr(learn.opt_func))
-    return digest([opt, np.asarray(ifnone(lr, learn.lr)).tolist(), ifnone(wd, learn.wd), scheds])
+    return digest([_named(learn.opt_func), np.asarray(ifnone(lr, learn.lr)).tolist(), ifnone(wd, learn.wd), scheds])
+
+def _named(f) -> str:
+    "A function as its module and name (a `partial` with its arguments): the same in every process, unlike its `repr`"
+    if isinstance(f, functools.partial): return f"{_named(f.func)}(*{f.args!r}, **{sorted(f.keywords.items())!r})"
+    return f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', type(f).__qualname__)}"
 
 def run_identity(seed:int|None, # the seed the user set (None: the run drew one)
                  command:list, # the command line: the script (or module) and its arguments
