@@ -40,9 +40,8 @@ os.environ['FASTREPRO_SECRET_FILE'] = str(TEST_SECRET)
 # tests first, whatever they take. The others follow in their own order.
 LONGEST_FIRST = ('test_notebooks.py', 'test_preempt.py', 'test_distrib.py', 'test_provenance_runs.py',
                  'test_selftest.py', 'test_script_boundaries.py', 'test_run_identity.py', 'test_fastai_habits.py',
-                 'test_demo_cli.py',
-                 'test_resume.py', 'test_reproduce.py', 'test_trackers.py', 'test_loader_resume.py',
-                 'test_sweep_dask.py', 'test_bench_smoke.py')
+                 'test_demo_cli.py', 'test_resume.py', 'test_reproduce.py', 'test_trust.py', 'test_trackers.py',
+                 'test_loader_resume.py', 'test_sweep_dask.py', 'test_bench_smoke.py')
 
 
 def pytest_configure(config):
