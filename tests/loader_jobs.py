@@ -1,15 +1,15 @@
 """Processes of the DataLoader-resume tests: small learners on fastai's DataLoader types, trained with `ReproCB` and
 `CheckpointCB(every_iters=3, autoresume=True)`.
 
-    python tests/loader_jobs.py STAGE DIR CASE [CASE ...]
+    LOADER_STAGE=STAGE python tests/loader_jobs.py DIR CASE [CASE ...]
 
 Each CASE is KIND-SHARE-WHERE, run in DIR/CASE, one after another in this process (as a user's script fits several
 learners). KIND: a key of `LEARNERS`. SHARE: 0; or 1, to serve rank 1's share of each training pass through fastai's
 `DistributedDL` (world size 2, wrapped at `before_train` as fastai's `DistributedTrainer` does); or `ddp`, under
 `torchrun` (`learn.distrib_ctx()`, gloo on CPUs; one case per launch): each rank records its run as NAME-rank{r}.pt.
 WHERE: `middle` (the run is stopped after the middle batch of epoch `STOP_EPOCH`) or `last` (after its last batch,
-before its validation). STAGE: `stop` trains the uninterrupted run (ref) and records it, then the same run in run/,
-sent SIGTERM there (CheckpointCB writes its checkpoint and ends the fit with `SystemExit(143)`; stopped.pt: where, and
+before its validation). STAGE (a variable: a rerun is the same command line, as the run's identity requires): `stop`
+trains the uninterrupted run (ref) and records it, then the same run in run/, sent SIGTERM there (CheckpointCB writes its checkpoint and ends the fit with `SystemExit(143)`; stopped.pt: where, and
 the status); `resume` runs the case again in run/, which continues the stopped fit. Each run's record: NAME.pt
 (weights, optimizer state, per-batch losses, metrics, iteration count)."""
 import os, sys, signal, warnings
@@ -219,7 +219,8 @@ def stop(kind:str, share, where:str, out:Path):
 
 
 if __name__ == '__main__':
-    stage, out, cases = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
+    # the stage comes from the environment: a rerun of a stopped run is the same command line (the run's identity)
+    stage, out, cases = os.environ['LOADER_STAGE'], Path(sys.argv[1]), sys.argv[2:]
     warnings.simplefilter('ignore')
     for case in cases:
         kind, share, where = case.split('-')

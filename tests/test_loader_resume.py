@@ -30,12 +30,12 @@ TIMEOUT_S = hang_limit(40)
 
 def stage(name, out, cases) -> subprocess.CompletedProcess:
     "Stage `name` of `cases` in one fresh process (two under torchrun), with this process's CPU kernels"
-    env = {**DETERMINISTIC_ENV, **os.environ, **same_kernels_env(), 'ACCELERATE_USE_CPU': '1'}
+    env = {**DETERMINISTIC_ENV, **os.environ, **same_kernels_env(), 'ACCELERATE_USE_CPU': '1', 'LOADER_STAGE': name}
     env['PYTHONPATH'] = os.pathsep.join([str(Path(fastrepro.__file__).resolve().parents[1]), env.get('PYTHONPATH', '')])
     # torchrun's own free port (`--standalone`): a port picked here could be taken by a launch beside it first
     launch = [sys.executable] + (['-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '2']
                                  if cases[0][1] == 'ddp' else [])
-    return subprocess.run(launch + [str(HERE/'loader_jobs.py'), name, str(out)] + [case_name(*c) for c in cases],
+    return subprocess.run(launch + [str(HERE/'loader_jobs.py'), str(out)] + [case_name(*c) for c in cases],
                           env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
 
 

@@ -60,14 +60,21 @@ def first_difference(a, b, where:str='') -> str|None:
     same = a == b or (isinstance(a, float) and isinstance(b, float) and np.isnan(a) and np.isnan(b))
     return None if same else where
 
-# ReproCB's state that is not the computation: where and when it ran, its ledger record, its tracker runs
-_NOT_COMPUTED = ('provenance', 'ledger_run', 'trackers')
+# the callbacks' states that are not the computation: where and when it ran, its ledger record, its tracker runs,
+# whose run it is
+_NOT_COMPUTED = {'repro_cb': ('provenance', 'ledger_run', 'trackers'), 'checkpoint_cb': ('identity',)}
+
+def _computed(name:str, state):
+    "Callback `name`'s `state` without what is not the computation"
+    drop = _NOT_COMPUTED.get(name, ())
+    return {k: v for k, v in state.items() if k not in drop} if isinstance(state, dict) and drop else state
 
 def compare_states(a:dict, b:dict) -> dict:
     ("Each quantity of two checkpoints -> None when bit-identical, else where it first differs: the "
      "trace, weights, optimizer state, generator states, loss-scale history and every other callback state")
     ca, cb = a['extra']['callbacks'], b['extra']['callbacks']
-    ra, rb = ({k: v for k, v in c['repro_cb'].items() if k not in _NOT_COMPUTED} for c in (ca, cb))
+    ra, rb = (_computed('repro_cb', c['repro_cb']) for c in (ca, cb))
+    if 'end' not in ra: rb.pop('end', None)  # the recorded checkpoint's format (5 and older) kept no fit end
     ia, ib = ra.pop('inside', None) or {}, rb.pop('inside', None) or {}
     d = first_divergence(trace_frame(ra.pop('trace')), trace_frame(rb.pop('trace')), detail=True)
     res = {'trace': d, 'weights': first_difference(a['model'], b['model'], 'model'),
@@ -76,7 +83,7 @@ def compare_states(a:dict, b:dict) -> dict:
            'loss-scale history': first_difference(ca.get('mixed_precision'), cb.get('mixed_precision'), 'scaler'),
            'position and progress': first_difference({**ra, 'inside': ia}, {**rb, 'inside': ib}, 'repro_cb')}
     for name in sorted((set(ca) | set(cb)) - {'repro_cb', 'mixed_precision'}):
-        res[f'callback {name}'] = first_difference(ca.get(name), cb.get(name), name)
+        res[f'callback {name}'] = first_difference(_computed(name, ca.get(name)), _computed(name, cb.get(name)), name)
     return res
 
 DIGEST_QUANTITIES = {'weights': 'weights', 'optimizer state': 'optimizer', 'generator states': 'generators'}
