@@ -10,8 +10,9 @@ learners). KIND: a key of `LEARNERS`. SHARE: 0; or 1, to serve rank 1's share of
 WHERE: `middle` (the run is stopped after the middle batch of epoch `STOP_EPOCH`) or `last` (after its last batch,
 before its validation). STAGE (a variable: a rerun is the same command line, as the run's identity requires): `stop`
 trains the uninterrupted run (ref) and records it, then the same run in run/, sent SIGTERM there (CheckpointCB writes
-its checkpoint and ends the fit with `SystemExit(143)`; stopped.pt: where, and the status); `resume` runs the case again in run/, which continues the stopped fit. Each run's record: NAME.pt
-(weights, optimizer state, per-batch losses, metrics, iteration count)."""
+its checkpoint and ends the fit with `SystemExit(143)`; stopped.pt: where, and the status); `resume` runs the case again
+in run/, which continues the stopped fit. Each run's record: NAME.pt (weights, optimizer state, per-batch losses,
+metrics, iteration count)."""
 import os, sys, signal, warnings
 from contextlib import nullcontext
 import numpy as np, pandas as pd, torch
