@@ -1,7 +1,8 @@
 """One process of the trackers' tests (tests/test_trackers.py): a small tabular classifier with dropout, fastrepro's
 `ReproCB` and `CheckpointCB(autoresume=True)`, and the trackers the command line names, trained for a few epochs in the
-current directory; `--kill N` ends the process by SIGKILL right after training iteration N (after the periodic
-checkpoint of that iteration, if one fell due), as a machine that dies. Run again without `--kill`, it continues."""
+current directory; `TRACKER_KILL=N` ends the process by SIGKILL right after training iteration N (after the periodic
+checkpoint of that iteration, if one fell due), as a machine that dies. Run again with the same command line (the run's
+identity), it continues."""
 import argparse, os, signal, sys, time, urllib.request
 import numpy as np, pandas as pd, torch
 from fastai.tabular.all import *
@@ -69,7 +70,7 @@ def main(args):
         wait_for_server(mlflow.get_tracking_uri())
         mlflow.set_experiment('fastrepro-test')
         mlflow.start_run(run_name=Path.cwd().name)
-    if args.kill: cbs.append(KillAt(args.kill))
+    if os.environ.get('TRACKER_KILL'): cbs.append(KillAt(int(os.environ['TRACKER_KILL'])))
     seed_everything(0)
     learn = learner(cbs)
     if args.fp16: learn.to_repro_fp16()
@@ -81,7 +82,6 @@ def main(args):
 
 if __name__ == '__main__':
     p = argparse.ArgumentParser()
-    p.add_argument('--kill', type=int, default=None)
     p.add_argument('--ledger', default=None)
     for t in ('csv', 'tensorboard', 'wandb', 'mlflow', 'fp16'): p.add_argument(f'--{t}', action='store_true')
     main(p.parse_args())

@@ -207,13 +207,10 @@ END_COUNTERS = ('train_iter', 'pct_train', 'epoch', 'n_epoch', 'iter', 'n_iter',
 def end_state(learn:Learner, # the learner, after its fit, or after its last epoch
              ) -> dict:
     "What the fit leaves besides weights, optimizer, Recorder and callbacks, as it stands now, `weights_only`-safe"
-    rec = getattr(learn, 'recorder', None)
-    hps = None if rec is None else vars(rec).get('hps')  # `vars`: fastai's callbacks delegate missing names
     return dict(generators=rng_states(), counters={k: vars(learn)[k] for k in END_COUNTERS if k in vars(learn)},
                 modes=[m.training for m in learn.model.modules()],
                 loaders=[random_state(dl.rng) for dl in learn.dls.loaders], orders=loader_orders(learn.dls),
-                carried=carried_state(learn.model),
-                hps=None if hps is None else {k: torch.tensor(v, dtype=torch.float64) for k, v in hps.items()})
+                carried=carried_state(learn.model))
 
 def restore_end(learn:Learner, # the learner that loaded the checkpoint
                 state:dict, # the checkpoint's `ReproCB` state (`end`, `recorder`, `grad_present`, `fastai_callbacks`)
@@ -237,7 +234,6 @@ def restore_end(learn:Learner, # the learner that loaded the checkpoint
     if rec is not None and state['recorder'] is not None:
         set_recorder_state(rec, state['recorder'], device)
         if rec.values: learn.final_record = rec.values[-1].copy()
-        if end['hps'] is not None: rec.hps = {k: v.tolist() for k, v in end['hps'].items()}
     set_fastai_callback_states(learn, state['fastai_callbacks'])
 
 # %% ../../nbs/state/10_resume.ipynb #f421f947
