@@ -98,13 +98,17 @@ def _scrubs() -> list:
 
 
 PROGRESS = re.compile(r'^.*\|[█-]+\|.*$\n?|^.*\d+\.\d+% \[\d+/\d+ [\d:<?]+.*$\n?', re.M)  # fastprogress
+FIT_HEADER = re.compile(r'^(epoch[ \t].*?)[ \t]*\btime[ \t]*$', re.M)  # fastai's table of a fit: its time column goes
+FIT_ROW_TIME = re.compile(r'^(\d+[ \t].*?)[ \t]*\b\d\d:\d\d[ \t]*$', re.M)
 WARNING = re.compile(r'^\S*:\d+: \w*Warning: ', re.M)  # Python's warnings, with the path of what raised them
 
 
 def scrub_text(t:str, subs:list) -> str:
-    "`t` without this machine: its paths, user and host; a terminal's carriage returns applied; no progress bars"
+    "`t` without this machine: its paths, user and host; a terminal's carriage returns applied; no progress bars, "
+    "no time column in fastai's tables of a fit"
     if '\r' in t: t = '\n'.join(line.split('\r')[-1] if line.strip('\r') else '' for line in t.split('\n'))
     t = PROGRESS.sub('', t)
+    if FIT_HEADER.search(t): t = FIT_ROW_TIME.sub(r'\1', FIT_HEADER.sub(r'\1', t))  # run to run, it changes
     for p, r in subs: t = p.sub(r, t)
     return t
 

@@ -57,7 +57,9 @@ PROBE = """return {
              .filter(o => o.innerText.trim() || o.querySelector('img')).map(o => o.innerText),
   plots: [...document.querySelectorAll('main div.cell_output img')].map(i => ({ok: i.complete && i.naturalWidth > 0,
                                                                              w: i.naturalWidth, h: i.naturalHeight})),
-  text: document.body.innerText};"""
+  text: document.body.innerText,
+  prose: (() => { const m = document.querySelector('main').cloneNode(true);  // the page without its code cells' inputs
+                  m.querySelectorAll('.cell_input').forEach(e => e.remove()); return m.textContent; })()};"""
 
 
 @pytest.fixture(scope='module')
@@ -236,10 +238,12 @@ def test_outputs_on_reference_pages(pages):
 
 
 def test_no_machine_on_pages(pages):
-    "No page shows this machine's temporary folders or the Python installation's path"
+    "No page shows this machine's temporary folders (outside the code a cell runs: a path written in a test), the "
+    "Python installation's path or the repository's, and no output is a warning"
     import sysconfig
     site_packages = sysconfig.get_paths()['purelib']
-    bad = {p: [m for m in ('/tmp/', site_packages, str(ROOT)) if m in r['text']] for p, r in pages.items()}
+    bad = {p: [m for m in ('/tmp/', site_packages, str(ROOT)) if m in r['prose']] +
+              [m for m in (site_packages, str(ROOT)) if m in r['text']] for p, r in pages.items()}
     assert not any(bad.values()), {p: b for p, b in bad.items() if b}
     warned = {p: [o[:200] for o in r['outputs'] if 'Warning:' in o] for p, r in pages.items()}
     assert not any(warned.values()), {p: w for p, w in warned.items() if w}
