@@ -140,12 +140,13 @@ def scrub(outputs:list, subs:list|None=None) -> list:
 
 def with_outputs(nb:dict, executed:dict|None) -> dict:
     "`nb` (processed) with the outputs of its executed copy, cell by cell (by id), where nbdev's processing gave "
-    "the cell none (show_doc's entries keep nbdev's)"
-    if not executed: return nb
-    outs, subs = {c.get('id'): c.get('outputs', []) for c in executed['cells'] if c['cell_type'] == 'code'}, _scrubs()
+    "the cell none (show_doc's entries keep nbdev's); every output scrubbed (`scrub`), nbdev's own included"
+    outs, subs = {c.get('id'): c.get('outputs', []) for c in (executed or {}).get('cells', [])
+                  if c['cell_type'] == 'code'}, _scrubs()
     for c in nb['cells']:
-        if c['cell_type'] == 'code' and not c.get('outputs') and outs.get(c.get('id')):
-            c['outputs'] = scrub(outs[c['id']], subs)
+        if c['cell_type'] != 'code': continue
+        if not c.get('outputs') and outs.get(c.get('id')): c['outputs'] = outs[c['id']]
+        if c.get('outputs'): c['outputs'] = scrub(c['outputs'], subs)
     return nb
 
 
