@@ -121,7 +121,16 @@ def parts(nbs:list[Path], n:int) -> list[list[Path]]:
 
 def execute(paths:list|None=None, workers:int=WORKERS, force:bool=False) -> dict:
     "Executed copies in `_exec/` for every notebook (or `paths`), running those that have none that matches; "
-    "raises SystemExit naming the notebooks that failed. Returns notebook -> its copy"
+    "raises SystemExit naming the notebooks that failed. Returns notebook -> its copy. One at a time: a second caller "
+    "(the notebook test beside the browser test's docs build) waits for the first, then reuses what it wrote"
+    import fcntl
+    EXEC.mkdir(exist_ok=True)
+    with open(EXEC/'.lock', 'w') as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _execute(paths, workers, force)
+
+
+def _execute(paths:list|None, workers:int, force:bool) -> dict:
     lib, every = lib_digest(), notebooks()
     wanted = {Path(p).absolute() for p in paths} if paths else set(every)
     todo = [[nb for nb in part if nb in wanted and (force or cached(nb, lib) is None)]
