@@ -10,12 +10,16 @@ does not, done to a copy of each notebook, nothing rendered here.
   is a section of the page, in its table of contents and in the search's index;
 - doclinks into this site (`{doc_host}{doc_baseurl}/x.html#anchor`) become links between pages that Sphinx resolves
   and checks; Quarto's link attributes (`{target="_blank" ...}`) become a class;
+- the outputs of each code cell come from its notebook's executed copy (`docs/execute.py`, which the notebook test
+  writes and this staging reuses, or runs what it lacks), matched by cell id: what the reader would see in Jupyter,
+  made stable and anonymous (`scrub`): no temporary, home or site-packages paths, user or host names, clock times,
+  progress bars or Python's warnings on stderr;
 - the sidebar of `sidebar.yml` (a flat list, or quarto's `section:`/`contents:` nesting) becomes the root page's hidden
   toctrees, one per top-level section, in the file's order.
 
 Run: `python docs/stage.py` (`.ci/docs` does, then Sphinx): nbdev's `proc_nbs` first (Quarto's part of `nbdev-docs`,
 without Quarto), which fails naming every notebook it could not process, then the staging into `_sphinx/src`."""
-import json, os, posixpath, re, shutil, sys
+import getpass, json, os, posixpath, re, shutil, socket, sys, sysconfig, tempfile
 from pathlib import Path
 import yaml
 
@@ -75,8 +79,80 @@ def relink(md:str, here:Path, site:str, pages:dict, titles:dict|None=None) -> st
     return QUARTO_ATTRS.sub(SOURCE_LINK_CLASS, md)
 
 
-def stage_nb(nb:dict, here:Path, site:str, pages:dict, titles:dict|None=None) -> dict:
-    "One processed notebook as myst-nb should read it"
+def _scrubs() -> list:
+    "(pattern, replacement) pairs that take this machine out of an output's text"
+    home, user, host = str(Path.home()), getpass.getuser(), socket.gethostname()
+    sp = sysconfig.get_paths()
+    libs = {sp['purelib']: '<site-packages>', sp['platlib']: '<site-packages>', sp['stdlib']: '<python>'}
+    subs = [(re.escape(p.rstrip('/')), r) for p, r in sorted(libs.items(), key=lambda pr: -len(pr[0]))]
+    subs += [(re.escape(str(ROOT)) + '/?', ''),  # the repository: paths relative to it
+             (re.escape(sys.prefix.rstrip('/')), '<python>'),
+             (r'(?:/private)?' + re.escape(tempfile.gettempdir().rstrip('/')) + r'/[^/\s\'"]+', '<tmp>'),
+             (r'/tmp/[^/\s\'"]+', '<tmp>'),
+             (re.escape(home) + r'(?=/|\b)', '~'),
+             (r'\b\d{4}-\d\d-\d\d[ T]\d\d:\d\d(?::\d\d(?:\.\d+)?)?(?:[+-]\d\d:?\d\d|Z)?', 'YYYY-MM-DD hh:mm'),
+             (rf"(?<=['\"@ ]){re.escape(host)}(?=['\":, ]|$)", '<host>'),
+             (rf"(?<=['\"/]){re.escape(user)}(?=['\"@/])", '<user>'),
+             (rf"\b{re.escape(user)}@", '<user>@')]
+    return [(re.compile(p, re.M), r) for p, r in subs]
+
+
+PROGRESS = re.compile(r'^.*\|[█-]+\|.*$\n?|^.*\d+\.\d+% \[\d+/\d+ [\d:<?]+.*$\n?', re.M)  # fastprogress
+FIT_HEADER = re.compile(r'^(epoch[ \t].*?)[ \t]*\btime[ \t]*$', re.M)  # fastai's table of a fit: its time column goes
+FIT_ROW_TIME = re.compile(r'^(\d+[ \t].*?)[ \t]*\b\d\d:\d\d[ \t]*$', re.M)
+WARNING = re.compile(r'^\S*:\d+: \w*Warning: ', re.M)  # Python's warnings, with the path of what raised them
+
+
+def scrub_text(t:str, subs:list) -> str:
+    "`t` without this machine: its paths, user and host; a terminal's carriage returns applied; no progress bars, "
+    "no time column in fastai's tables of a fit"
+    if '\r' in t: t = '\n'.join(line.split('\r')[-1] if line.strip('\r') else '' for line in t.split('\n'))
+    t = PROGRESS.sub('', t)
+    if FIT_HEADER.search(t): t = FIT_ROW_TIME.sub(r'\1', FIT_HEADER.sub(r'\1', t))  # run to run, it changes
+    for p, r in subs: t = p.sub(r, t)
+    return t
+
+
+def scrub(outputs:list, subs:list|None=None) -> list:
+    "Executed outputs as the page shows them: the machine scrubbed from their text, progress bars and stderr's "
+    "warnings dropped, no execution counts"
+    subs, res = _scrubs() if subs is None else subs, []
+    for o in outputs:
+        o = json.loads(json.dumps(o))
+        if o['output_type'] == 'stream':
+            txt = ''.join(o['text'])
+            if o['name'] == 'stderr' and WARNING.search(txt): continue
+            o['text'] = scrub_text(txt, subs)
+            if not o['text'].strip(): continue
+        elif o['output_type'] in ('execute_result', 'display_data'):
+            data = o.get('data', {})
+            if '<progress' in ''.join(data.get('text/html', '')): continue
+            for k, v in list(data.items()):
+                if k.startswith('text/') or k.endswith(('json', 'javascript')):
+                    data[k] = scrub_text(''.join(v) if isinstance(v, list) else v, subs) if isinstance(v, (str, list)) \
+                        else v
+            if o['output_type'] == 'execute_result': o['execution_count'] = None
+        elif o['output_type'] == 'error':
+            o['traceback'] = [scrub_text(t, subs) for t in o.get('traceback', [])]
+        res.append(o)
+    return res
+
+
+def with_outputs(nb:dict, executed:dict|None) -> dict:
+    "`nb` (processed) with the outputs of its executed copy, cell by cell (by id), where nbdev's processing gave "
+    "the cell none (show_doc's entries keep nbdev's); every output scrubbed (`scrub`), nbdev's own included"
+    outs, subs = {c.get('id'): c.get('outputs', []) for c in (executed or {}).get('cells', [])
+                  if c['cell_type'] == 'code'}, _scrubs()
+    for c in nb['cells']:
+        if c['cell_type'] != 'code': continue
+        if not c.get('outputs') and outs.get(c.get('id')): c['outputs'] = outs[c['id']]
+        if c.get('outputs'): c['outputs'] = scrub(c['outputs'], subs)
+    return nb
+
+
+def stage_nb(nb:dict, here:Path, site:str, pages:dict, titles:dict|None=None, executed:dict|None=None) -> dict:
+    "One processed notebook as myst-nb should read it (with the outputs of `executed`, its executed copy)"
+    nb = with_outputs(nb, executed)
     fm, cells = front_matter(nb), []
     if fm: nb['cells'] = nb['cells'][1:]
     if fm.get('title'):
@@ -134,8 +210,9 @@ def sidebar_toctrees(sidebar:list, pages:dict, root:str) -> str:
                        '\n```' for cap, es in groups if es)
 
 
-def stage(proc:Path, dest:Path, site:str, sidebar:list, root='index.ipynb') -> list[Path]:
-    "Stage every notebook of `proc` into `dest` (emptied first), with `sidebar` on the root page; the staged pages"
+def stage(proc:Path, dest:Path, site:str, sidebar:list, root='index.ipynb', executed:dict|None=None) -> list[Path]:
+    "Stage every notebook of `proc` into `dest` (emptied first), with `sidebar` on the root page and the outputs of "
+    "`executed` (notebook path relative to `proc` -> its executed copy); the staged pages"
     nbs = {p.relative_to(proc): json.loads(p.read_text()) for p in sorted(proc.rglob('*.ipynb'))
            if not any(part.startswith(('.', '_')) for part in p.relative_to(proc).parts)}
     staged = {rel: page_path(rel, front_matter(nb)) for rel, nb in nbs.items()}
@@ -145,7 +222,7 @@ def stage(proc:Path, dest:Path, site:str, sidebar:list, root='index.ipynb') -> l
 
     if dest.exists(): shutil.rmtree(dest)
     for rel, nb in nbs.items():
-        nb = stage_nb(nb, rel, site, links, titles)
+        nb = stage_nb(nb, rel, site, links, titles, (executed or {}).get(rel))
         if rel.as_posix() == root:
             toc = sidebar_toctrees(sidebar, {k.as_posix(): v for k, v in staged.items()}, staged[rel])
             nb['cells'].append({'cell_type': 'markdown', 'id': 'sidebar-toctrees', 'metadata': {}, 'source': toc})
@@ -201,8 +278,12 @@ def main(dest=ROOT/'_sphinx'/'src'):
     from nbdev.config import get_config
     cfg = get_config()
     proc = process(cfg)
+    import execute  # docs/: every notebook's executed copy, run here where the notebook test has not left one
+    nbs = Path(cfg.nbs_path)
+    executed = {nb.relative_to(nbs): json.loads(p.read_text()) for nb, p in execute.execute().items()}
     side = yaml.safe_load((Path(cfg.nbs_path)/'sidebar.yml').read_text())['website']['sidebar']['contents']
-    pages = stage(proc, Path(dest), cfg.doc_host.rstrip('/') + '/' + cfg.doc_baseurl.strip('/'), side)
+    pages = stage(proc, Path(dest), cfg.doc_host.rstrip('/') + '/' + cfg.doc_baseurl.strip('/'), side,
+                  executed=executed)
     print(f'staged {len(pages)} pages from {proc} into {dest}')
 
 

@@ -1,9 +1,11 @@
 """The documentation site, as a reader gets it: `bash .ci/docs` builds it into `_docs/` (nbdev's processing, then
 Sphinx + myst-nb, warnings as errors), a local HTTP server serves it, and headless Chromium (selenium) opens every page:
 no console error, every image decoded, every internal link and `#fragment` resolves, the sidebar lists the pages in the
-order of `nbs/sidebar.yml`, every public name of `fastrepro.all` has its own entry that the site's search finds, the
-demo page shows its plots, math renders, and no page loads anything from another host. Screenshots for a person to look
-at go to /tmp/fastrepro_docs/.
+order of `nbs/sidebar.yml`, the guides first, every public name of `fastrepro.all` has its own entry that the site's
+search finds, the demo page shows its plots, math renders, and no page loads anything from another host. The outputs
+of the executed notebooks are on the pages: on at least `MIN_OUTPUT_PAGES` reference pages, the plots of `PLOTS`
+decoded, and no page shows this machine's temporary paths. Screenshots for a person to look at go to
+/tmp/fastrepro_docs/.
 
 Skipped, with the reason, where Debian's `chromium` and `chromedriver` are missing (`apt-get install -y chromium
 chromium-driver`; `.ci/run` installs them) or the docs extra is (`pip install -e ".[dev]"`)."""
@@ -17,10 +19,19 @@ ROOT = Path(__file__).resolve().parents[1]
 SITE = ROOT/'_docs'
 SHOTS = Path('/tmp/fastrepro_docs')
 CHROMIUM, CHROMEDRIVER = shutil.which('chromium') or shutil.which('chromium-browser'), shutil.which('chromedriver')
-BUILD_TIMEOUT_S = hang_limit(180)  # .ci/docs: nbdev's processing of every notebook, then Sphinx
+# .ci/docs: nbdev's processing of every notebook, the notebooks `_exec/` lacks executed (all: about 5 minutes), Sphinx
+BUILD_TIMEOUT_S = hang_limit(180 + 300)
 PAGE_TIMEOUT_S = hang_limit(10)
 DEMO_PAGE, DEMO_PLOTS = 'demo/run.html', 4  # the demo's plots: same seed, fp16 loss scale, nondeterminism, variants
 MATH_PAGE = 'experiments/stats.html'  # a page with TeX (effect sizes, power)
+# the plots a reader would rather look at, each on its page: the page -> what it draws
+PLOTS = {'callback/fp16.html': 'the loss scale history', 'record/trace.html': "two runs' losses, where they part",
+         'experiments/stats.html': 'a comparison over seeds with its intervals',
+         'callback/preempt.html': "a resumed run on top of the uninterrupted one",
+         'check/reproduce.html': "reproduce's report",
+         'guides/tutorial.html': "the tutorial's loss scale"}
+MIN_OUTPUT_PAGES = 30  # reference pages that show at least one output of their executed notebook
+GUIDES = ('Start here', 'How-to guides')  # the sidebar's first sections, before the reference
 
 if CHROMIUM is None or CHROMEDRIVER is None:
     pytest.skip("Debian's chromium and chromedriver are not installed (apt-get install -y chromium chromium-driver): "
@@ -42,7 +53,13 @@ PROBE = """return {
   sidebar: [...document.querySelectorAll('nav.bd-docs-nav a.reference.internal')].map(a => a.href),
   captions: [...document.querySelectorAll('nav.bd-docs-nav p.caption')].map(p => p.textContent.trim()),
   math: document.querySelectorAll('mjx-container').length,
-  text: document.body.innerText};"""
+  outputs: [...document.querySelectorAll('main div.cell_output')]
+             .filter(o => o.innerText.trim() || o.querySelector('img')).map(o => o.innerText),
+  plots: [...document.querySelectorAll('main div.cell_output img')].map(i => ({ok: i.complete && i.naturalWidth > 0,
+                                                                             w: i.naturalWidth, h: i.naturalHeight})),
+  text: document.body.innerText,
+  prose: (() => { const m = document.querySelector('main').cloneNode(true);  // the page without its code cells' inputs
+                  m.querySelectorAll('.cell_input').forEach(e => e.remove()); return m.textContent; })()};"""
 
 
 @pytest.fixture(scope='module')
@@ -195,3 +212,50 @@ def test_signature_shown(site, browser):
       return pre && pre.textContent;""")
     browser.save_screenshot(str(SHOTS/'callback_ReproCB.png'))
     assert sig and 'ReproCB(' in sig and '# the run seed' in sig, f"ReproCB's entry shows no signature: {sig}"
+
+
+def test_plots_on_their_pages(pages, site, browser):
+    "Each plot of `PLOTS` is an output of its page's notebook, decoded by the browser"
+    bad = {p: (what, pages[p]['plots']) for p, what in PLOTS.items()
+           if not any(i['ok'] and i['w'] >= 300 and i['h'] >= 150 for i in pages[p]['plots'])}
+    assert not bad, f"pages without their plot: {bad}"
+    for page, shot in (('callback/fp16.html', 'fp16_plot.png'), ('guides/tutorial.html', 'tutorial_plot.png')):
+        browser.get(site + page)
+        browser.execute_script('return document.fonts.ready')
+        browser.execute_script("const i = document.querySelector('main div.cell_output img'); i.scrollIntoView();"
+                               "window.scrollBy(0, -200)")
+        browser.save_screenshot(str(SHOTS/shot))
+
+
+def test_outputs_on_reference_pages(pages):
+    "At least `MIN_OUTPUT_PAGES` pages of the reference show what their cells return"
+    hrefs, _ = sidebar_pages()
+    ref = hrefs[hrefs.index('reference.html') + 1:]
+    ref = [p for p in ref if p != 'habits.html']
+    shown = [p for p in ref if pages[p]['outputs']]
+    assert len(shown) >= MIN_OUTPUT_PAGES, (f"{len(shown)} of {len(ref)} reference pages show outputs; none on "
+                                            f"{sorted(set(ref) - set(shown))}")
+
+
+def test_no_machine_on_pages(pages):
+    "No page shows this machine's temporary folders (outside the code a cell runs: a path written in a test), the "
+    "Python installation's path or the repository's, and no output is a warning"
+    import sysconfig
+    site_packages = sysconfig.get_paths()['purelib']
+    bad = {p: [m for m in ('/tmp/', site_packages, str(ROOT)) if m in r['prose']] +
+              [m for m in (site_packages, str(ROOT)) if m in r['text']] for p, r in pages.items()}
+    assert not any(bad.values()), {p: b for p, b in bad.items() if b}
+    warned = {p: [o[:200] for o in r['outputs'] if 'Warning:' in o] for p, r in pages.items()}
+    assert not any(warned.values()), {p: w for p, w in warned.items() if w}
+
+
+def test_guides_first(pages, site, browser):
+    "The sidebar opens with the guides: the landing page and the tutorial, then the how-to guides, then the reference"
+    r = pages['index.html']
+    assert r['captions'][:len(GUIDES)] == list(GUIDES), r['captions']
+    shown = [urllib.parse.urlsplit(h).path.lstrip('/') or 'index.html' for h in r['sidebar']]
+    shown = [s for s in shown if s != 'index.html']
+    assert shown[0] == 'guides/tutorial.html' and all(s.startswith('guides/howto_') for s in shown[1:7]), shown[:8]
+    browser.get(site + 'guides/tutorial.html')
+    browser.execute_script('return document.fonts.ready')
+    browser.save_screenshot(str(SHOTS/'tutorial.png'))

@@ -6,6 +6,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]/'docs'))
 from stage import directives, page_path, pandoc_slug, relink, sidebar_toctrees, stage, stage_nb, unprocessed
+from stage import ROOT, scrub, with_outputs
 
 SITE = 'https://example.github.io/lib'
 
@@ -100,3 +101,37 @@ def test_unprocessed(tmp_path):
     for p in ('a.ipynb', 'state/b.ipynb'): (proc/p).write_text('{}')
     os.utime(proc/'state'/'b.ipynb', (0, 0))
     assert [p.relative_to(nbs).as_posix() for p in unprocessed(nbs, proc)] == ['state/b.ipynb', 'state/c.ipynb']
+
+
+def _stream(text, name='stdout') -> dict: return {'output_type': 'stream', 'name': name, 'text': text}
+
+
+def test_scrub():
+    "what an executed cell printed, as a page shows it: no path of this machine, no warning, no progress bar or time"
+    import getpass, socket, sysconfig, tempfile
+    tmp, sp = tempfile.mkdtemp(), sysconfig.get_paths()['purelib']
+    outs = scrub([_stream(f"saved {tmp}/models/a.pth by {getpass.getuser()}@{socket.gethostname()} at "
+                          f"2026-01-02 03:04:05\n{ROOT}/fastrepro/cli.py\n"),
+                  _stream(f"{sp}/torch/jit/_script.py:1491: FutureWarning: deprecated\n  warnings.warn(\n", 'stderr'),
+                  _stream(' |███-----| 50.00% [1/2 00:01<00:01]\r |████████| 100.00% [2/2 00:02<00:00]\r'),
+                  _stream('epoch     train_loss  time    \n0         1.5         00:03     \n'),
+                  {'output_type': 'execute_result', 'execution_count': 7, 'metadata': {},
+                   'data': {'text/plain': f"PosixPath('{tmp}/x')"}}])
+    text = json.dumps(outs)
+    assert tmp not in text and sp not in text and str(ROOT) not in text and 'Warning' not in text
+    assert outs[0]['text'] == 'saved <tmp>/models/a.pth by <user>@<host> at YYYY-MM-DD hh:mm\nfastrepro/cli.py\n'
+    assert [o.get('name') for o in outs] == ['stdout', 'stdout', None], "the warning and the progress bar are dropped"
+    assert outs[1]['text'] == 'epoch     train_loss\n0         1.5\n'
+    assert outs[2]['data']['text/plain'] == "PosixPath('<tmp>/x')" and outs[2]['execution_count'] is None
+
+
+def test_with_outputs():
+    "each code cell takes its executed copy's outputs by id, unless nbdev's processing gave it some (show_doc)"
+    proc = nb(('show_doc(f)', '### f'), 'text')
+    proc['cells'].append({'cell_type': 'code', 'id': 'c2', 'metadata': {}, 'source': 'x', 'outputs': []})
+    proc['cells'][0]['id'] = 'c1'
+    ex = {'cells': [{'cell_type': 'code', 'id': 'c1', 'source': '', 'outputs': [_stream('no')]},
+                    {'cell_type': 'code', 'id': 'c2', 'source': 'x', 'outputs': [_stream('1\n')]}]}
+    res = with_outputs(proc, ex)
+    assert res['cells'][0]['outputs'][0]['data']['text/markdown'] == '### f'
+    assert res['cells'][2]['outputs'] == [_stream('1\n')]
