@@ -266,7 +266,7 @@ class Autoresume:
     def __init__(self, cb:CheckpointCB): self.cb = cb
 
     def identity(self, n_epoch:int, lr=None, wd=None, cbs=None) -> dict|None:
-        "This fit's `run_identity` as it starts; None without `ReproCB` (whose absence `before_fit` refuses)"
+        "This fit's `run_identity` as it starts; None without `ReproCB` (`CheckpointCB.before_fit` refuses the fit)"
         learn, repro = self.cb.learn, getattr(self.cb.learn, 'repro_cb', None)
         if not isinstance(repro, ReproCB): return None
         entry = entry_point(repro.provenance.git_now(learn)['root'])

@@ -238,7 +238,7 @@ def restore_end(learn:Learner, # the learner that loaded the checkpoint
 
 # %% ../../nbs/state/10_resume.ipynb #f421f947
 class ForeignRunError(ResumeError, SystemExit):
-    ("A checkpoint of another run, or of a run still running: refused before anything is read or written. A "
+    ("A checkpoint of another run, or of a run still running: refused before anything is loaded or written. A "
      "`SystemExit` too, so a script ends with its one line and no traceback")
     def __init__(self, msg:str):
         super().__init__(f"fastrepro: {msg}")
@@ -294,8 +294,8 @@ class RunLock:
     def __init__(self, path): self.path = Path(path)
 
     def take(self) -> bool:
-        ("Hold the lock (already held by this process: nothing to do); another live process holds it: `ResumeError` "
-         "naming it. False where the file system cannot lock (said once)")
+        ("Hold the lock (already held by this process: nothing to do); another live process holds it: "
+         "`ForeignRunError` naming it. False where the file system cannot lock (said once)")
         key = str(self.path.resolve())
         if key in RunLock.held: return True
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -305,9 +305,9 @@ class RunLock:
             f.seek(0); holder = f.read().strip() or 'a process that has not said who it is yet'
             f.close()
             raise ForeignRunError(f"{self.path.with_suffix('.pth')} belongs to a run that is still running ({holder}): "
-                              "two processes of one run would both continue it and overwrite each other's "
-                              "checkpoints. Wait until it ends (or stop it), or give this run its own checkpoints "
-                              "(`CheckpointCB(fname=...)`).") from None
+                                  "two processes of one run would both continue it and overwrite each other's "
+                                  "checkpoints. Wait until it ends (or stop it), or give this run its own checkpoints "
+                                  "(`CheckpointCB(fname=...)`).") from None
         except OSError as e:
             f.close()
             if not RunLock._told:
