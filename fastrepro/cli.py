@@ -239,6 +239,8 @@ def _assignments(pairs:list|None) -> dict:
          arg('--json', action='store_true', help='print the report as JSON'),
          arg('--plan', action='store_true', help='print what it would run (commit, patch, command, interpreter, '
              'variables, expected differences) and run nothing'),
+         arg('--no-where', action='store_true', help="when the runs part, don't localise where in the step (a "
+             "second re-run to that iteration)"),
          arg('--trust', action='store_true', help="run the code the checkpoint carries (a patch, notebook cells, a "
              "command outside its commit) though it is not signed by you: read its --plan first"))
 def reproduce_command(args):
@@ -248,7 +250,7 @@ def reproduce_command(args):
         from fastrepro.check.rebuild import ReproduceError, EXIT_FAILED
         from fastrepro.check.reproduce import reproduce, reproduce_segments, segments_verdict
     kwargs = dict(repo=args.repo, command=args.command, env=_assignments(args.env), strict=args.strict,
-                  timeout=args.timeout, trust=args.trust)
+                  timeout=args.timeout, trust=args.trust, where=not args.no_where)
     try:
         if args.segments:
             if args.checkpoint is None or args.ledger or args.run or args.plan:

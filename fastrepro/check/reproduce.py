@@ -10,7 +10,7 @@ import sys, json, time, shutil, posixpath, itertools
 from pathlib import Path, PurePosixPath
 import pandas as pd
 from ..state.checkpoint import CheckpointError, read_checkpoint, split_state, checkpoint_info
-from ..record.trace import trace_frame
+from ..record.trace import trace_frame, BEFORE_TRAINING
 from ..experiments.store import LedgerError, REPRODUCTION, _one_line
 from ..experiments.ledger import Ledger
 from ..record.trackers import note_runs
@@ -21,11 +21,13 @@ from .rebuild import _interruptible
 from .rerun import rerun_env, _expected_env, rerun_command, run_to_position, _tail
 from .verdict import env_differences, prediction, compare_states, compare_digests, verdict, Reproduction
 from .verdict import _quantity, _data
+from .localise import WHERE_NAME, env_settings, unplayable
 
 # %% auto #0
-__all__ = ['MAX_CANDIDATES', 'STOP_NAME', 'RUN_FIELDS', 'PLACEHOLDER_WT', 'ledger_checkpoint', 'record_reproduction', 'reproduce',
-           'NotTrustedError', 'patch_stat', 'commit_files', 'carried_code', 'trust_checkpoint', 'plan_lines',
-           'kept_checkpoints', 'segment_plan', 'reproduce_segments', 'segments_verdict']
+__all__ = ['MAX_CANDIDATES', 'STOP_NAME', 'WHERE_TIMEOUT_S', 'WHERE_STOP', 'RUN_FIELDS', 'PLACEHOLDER_WT', 'ledger_checkpoint',
+           'record_reproduction', 'reproduce', 'where_in_step', 'NotTrustedError', 'patch_stat', 'commit_files',
+           'carried_code', 'trust_checkpoint', 'plan_lines', 'kept_checkpoints', 'segment_plan', 'reproduce_segments',
+           'segments_verdict']
 
 # %% ../../nbs/check/04_reproduce.ipynb #a1700046
 MAX_CANDIDATES = 1000  # files read when looking for a ledger run's checkpoint: a project's models, not a data lake
@@ -110,6 +112,7 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
               until:dict|None=None, # a manifest entry of a checkpoint of this run that `keep` deleted: stop there
               trust:bool=False, # run the code the file carries (patch, cells, a command outside its commit) unsigned
               plan:bool=False, # show what would run and run nothing: the plan is returned (a dict)
+              where:bool=True, # when the runs part for a setting one process can play, localise where in the step
              ) -> Reproduction|dict:
     ("Rebuild the code of `checkpoint` in a temporary git worktree, compare the environment, re-run the recorded entry "
      "point to the checkpoint's position and compare the two runs bit for bit")
@@ -163,11 +166,17 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
     data = _data_verdict(record, again['facts'], _data(rec, again))
     text, parts, code = verdict(quantities, pos, after, data)
     timings['compare'] = time.perf_counter() - t
+    found = None
+    if where and parts is not None and parts['iter'] != BEFORE_TRAINING and any(d['bits'] for d in after):
+        t = time.perf_counter()
+        _say(show, f"localising where in fit {parts['fit']}'s iteration {parts['iter']} the runs part")
+        found = where_in_step(root, git, info, pos, parts, after, again['facts']['env'], out, command, env, timeout)
+        text, timings['where'] = f"{text}; where in the step: {found['text']}", time.perf_counter() - t
     what = str(checkpoint) if until is None else f"{manifest_path(checkpoint)} (a deleted checkpoint's digests)"
     res = Reproduction(what, git['commit'], text, code,
                        {k: pos[k] for k in POSITION_KEYS},
                        parts, {q: (None if w is None else _quantity(q, w)) for q, w in quantities.items()},
-                       predicted, before, after, data, argv, str(out), timings)
+                       predicted, before, after, data, argv, str(out), timings, where=found)
     if record is not None:
         res.ledger_run, res.record = int(record.name), record_reproduction(book, record, res, again['facts'])
     res.save(out, tuple(trace_frame(r['extra']['callbacks']['repro_cb']['trace']) for r in (rec, again)))
@@ -176,6 +185,32 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
     for line in res.trackers: _say(show, f"verdict {line}")
     _say(show, f"{text} (report in {out})")
     return res
+
+WHERE_TIMEOUT_S = 600  # the re-run that localises where the step parts: at most this long unless timeout= says
+WHERE_STOP = 'where-stop.json'  # its runner's target, beside the report
+
+def where_in_step(root:Path, git:dict, info:dict, # the repository, the checkpoint's git record and summary
+                  pos:dict, parts:dict, # the checkpoint's position; where the runs part (`verdict`)
+                  after:list, here:dict, # the recorded environment's differences from the re-run's; the re-run's
+                  out:Path, command:str|None=None, env:dict|None=None, timeout:float|None=None,
+                 ) -> dict:
+    ("Re-run the entry point to the iteration where the runs part and localise its step between the recorded "
+     "settings and this machine's (`WhereCB`): `StepDivergence.to_dict`, or {'text': why it was not localised}")
+    cannot = unplayable(after)
+    if cannot: return dict(text=f"not localised: {', '.join(cannot)} cannot be played in one process")
+    res = out/WHERE_NAME
+    res.unlink(missing_ok=True)
+    target = dict(fit=parts['fit'], iteration=parts['iter'], model=pos['model'], recorded=env_settings(info['env']),
+                  here=env_settings(here), out=str(res))
+    (out/WHERE_STOP).write_text(json.dumps({**pos, 'path': str(out/'where-unused'), 'where': target}))
+    try:
+        with _interruptible(), code_worktree(root, git) as wt:
+            argv, cwd = rerun_command(info['entry'], wt, out/WHERE_STOP, command)
+            run_to_position(argv, cwd, rerun_env(info['entry'], env), out/'where.log', timeout or WHERE_TIMEOUT_S)
+    except ReproduceError as e: return dict(text=f"not localised: {' '.join(str(e).split())}")
+    if not res.exists(): return dict(text=f"not localised: the re-run ended before fit {parts['fit']}, iteration "
+                                          f"{parts['iter']}; its last output: {_tail(out/'where.log')}")
+    return json.loads(res.read_text())
 
 def _open_ledger(address) -> Ledger:
     try: return Ledger(address, create=False)

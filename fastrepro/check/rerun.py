@@ -15,6 +15,7 @@ from ..state.data import data_fingerprint
 from ..state.environment import environment_info
 from ..record.entry import ENTRY_ENV, write_cells, _command
 from .rebuild import ReproduceError, EXIT_REPRODUCED
+from .localise import WhereCB
 
 # %% auto #0
 __all__ = ['PROBE_TIMEOUT_S', 'THREAD_VARS', 'RUNNER', 'KILL_GRACE_S', 'LOG_TAIL_LINES', 'REPLAY_NOTEBOOK', 'REPLAY', 'rerun_env',
@@ -113,9 +114,13 @@ RUNNER = 'python -m fastrepro.check.rerun'
 
 def stop_at(fname, # a JSON file with `StopAtCB`'s target (written by `reproduce`)
            ):
-    "Every learner built from now on stops at the target in `fname`: `StopAtCB` joins fastai's default callbacks"
+    ("Every learner built from now on stops at the target in `fname`: `StopAtCB` joins fastai's default callbacks "
+     "(and `WhereCB`, when the target asks where in a step the runs part)")
     StopAtCB.target = json.loads(Path(fname).read_text())
     if StopAtCB not in defaults.callbacks: defaults.callbacks.append(StopAtCB)
+    if StopAtCB.target.get('where'):
+        WhereCB.target = StopAtCB.target['where']
+        if WhereCB not in defaults.callbacks: defaults.callbacks.append(WhereCB)
 
 def run():
     ("`RUNNER --stop-at FILE` and what python runs: `stop_at(FILE)`, then the script, module or code with the "

@@ -155,6 +155,7 @@ class Reproduction:
     ledger_run:int|None = None # the reproduced run's ledger record
     record:int|None = None # the ledger record of this reproduction (status 'reproduction'), linked to `ledger_run`
     trackers:list = field(default_factory=list) # the reproduced run's tracker runs the verdict was logged in, or not
+    where:dict|None = None # where in the step the runs part (`StepDivergence.to_dict`, or why it was not localised)
 
     @property
     def reproduced(self) -> bool: return self.exit_code == EXIT_REPRODUCED
@@ -171,6 +172,7 @@ class Reproduction:
             f"- commit `{self.commit[:12]}`, position: fit {p['fit']}, epoch {p['epoch']}, batch {p['batch']}, "
             f"iteration {p['iteration']}", f"- re-run: `{' '.join(map(str, self.command))}`",
             f"- before running: {self.prediction}", f"- data: {self.data}",
+            *([f"- where in the step: {self.where['text']}"] if self.where else []),
             *([f"- ledger: run {self.ledger_run}; this reproduction is run {self.record}"] if self.record else []),
             *[f"- trackers: verdict {line}" for line in self.trackers],
             '- seconds: ' + ', '.join(f"{k} {v:.1f}" for k, v in t.items()), '',

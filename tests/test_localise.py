@@ -1,0 +1,73 @@
+"""Where in the step two runs part (issue 53), through `reproduce`: a script trained on one thread is re-run with
+`OMP_NUM_THREADS=2`; the runs part, and the report names the layer whose reduction the thread count changes, its pass
+and its first aten op, from a second re-run to that iteration. With `--no-where` (`where=False`) nothing is
+localised."""
+import json, subprocess, sys
+from pathlib import Path
+import pytest
+from conftest import hang_limit
+from test_reproduce import _repo, _env, TWO_THREADS
+
+from fastrepro.check.reproduce import reproduce
+from fastrepro.check.rebuild import EXIT_PARTS
+from fastrepro.check.rerun import _threads
+from fastrepro.check.localise import WHERE_NAME
+
+pytestmark = pytest.mark.slow  # trains and re-runs in fresh processes: the inner loop (-m "not slow") skips it
+
+RUN_TIMEOUT_S = hang_limit(30)  # stops a hang of one process: a fastai import (about 5 s) and a tiny fit
+REPRODUCE_TIMEOUT_S = hang_limit(60)  # each re-run of `reproduce`
+
+TRAIN = '''"A regression whose first layer (4096 inputs) reduces in another order on 2 threads than on 1"
+from fastai.basics import *
+from fastai.test_utils import synth_learner, synth_dbunch
+from fastrepro.all import ReproCB, CheckpointCB, seed_everything
+
+class Wide(nn.Module):
+    def __init__(self, width=4096):
+        super().__init__()
+        self.register_buffer('spread', torch.linspace(-1, 1, width))
+        self.body = nn.Sequential(nn.Linear(width, 32), nn.ReLU(), nn.Linear(32, 1))
+    def forward(self, x): return self.body(x[:, None] * self.spread)
+
+seed_everything(3)  # the data and the initial weights
+learn = synth_learner(data=synth_dbunch(bs=64, n_train=4, n_valid=1), model=Wide(), path='.',
+                      cbs=[ReproCB(seed=3), CheckpointCB(every_iters=3)])
+with learn.no_bar(), learn.no_logging(): learn.fit(1, 1e-2)
+'''
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+    "The script committed and run once on one thread"
+    files = {'train.py': TRAIN, '.gitignore': '__pycache__/\n/models/\n'}
+    root = _repo(tmp_path_factory.mktemp('localise')/'proj', files)
+    p = subprocess.run([sys.executable, 'train.py'], cwd=root, env=_env(), capture_output=True, text=True,
+                       timeout=RUN_TIMEOUT_S)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return root/'models'/'checkpoint.pth'
+
+
+def test_two_threads_part_and_the_report_names_the_layer(trained, tmp_path, monkeypatch):
+    if _threads(TWO_THREADS) < 2: pytest.skip('torch runs one thread here whatever OMP_NUM_THREADS asks')
+    monkeypatch.setenv('PYTHONPATH', str(Path(__file__).resolve().parents[1]))
+    r = reproduce(trained, tmp_path/'out', env=TWO_THREADS, show=False, timeout=REPRODUCE_TIMEOUT_S)
+    assert r.exit_code == EXIT_PARTS, r.verdict
+    w, it = r.where, r.parts['iter']
+    assert (w['event']['module'], w['event']['kind'], w['event']['pass_']) == ('body.0', 'Linear', 'forward'), w
+    assert w['sides'] == ['1 thread', '2 threads'] and w['first_op'] == 'aten.addmm', w
+    assert 0 < w['max_abs'] < 1e-3, w
+    assert r.verdict.endswith("; where in the step: `body.0` (Linear) forward output 0 differs first " + w['text'][
+        len("`body.0` (Linear) forward output 0 differs first "):]), r.verdict
+    assert f'at fit 0, iteration {it} when 1 thread becomes 2 threads: aten.addmm' in r.verdict, r.verdict
+    report = (tmp_path/'out'/'report.md').read_text()
+    assert f"- where in the step: {w['text']}" in report
+    assert json.loads((tmp_path/'out'/WHERE_NAME).read_text())['text'] == w['text']
+
+
+def test_without_where_nothing_is_localised(trained, tmp_path, monkeypatch):
+    if _threads(TWO_THREADS) < 2: pytest.skip('torch runs one thread here whatever OMP_NUM_THREADS asks')
+    monkeypatch.setenv('PYTHONPATH', str(Path(__file__).resolve().parents[1]))
+    r = reproduce(trained, tmp_path/'out', env=TWO_THREADS, show=False, timeout=REPRODUCE_TIMEOUT_S, where=False)
+    assert r.exit_code == EXIT_PARTS and r.where is None and 'where in the step' not in r.verdict, r.verdict
+    assert not (tmp_path/'out'/WHERE_NAME).exists()
