@@ -6,22 +6,26 @@ Docs: https://fastrepro.github.io/fastrepro/record/trace.html.md"""
 
 # %% ../../nbs/record/03_trace.ipynb #3c1dccad
 from __future__ import annotations
-import pickle, zipfile, hashlib
+import uuid, pickle, zipfile, hashlib
 from dataclasses import dataclass, field
 from fastai.basics import *
 from ..state.checkpoint import atomic_torch_save, read_checkpoint, split_state, upgrade_state
+from ..state.beside import BesideLog, MissingLogError, MAGIC
+from ..state.fastai_state import logged_rows
 
 # %% auto #0
-__all__ = ['TRACE_EVERY', 'TRACE_KEYS', 'TRACE_COLUMNS', 'INITIAL_WEIGHTS', 'BEFORE_TRAINING', 'NORM_PREFIX', 'TRACE_FORMAT',
-           'TRACE_VERSION', 'DIFF_SAME', 'DIFF_DIFFER', 'DIFF_UNREADABLE', 'Trace', 'compact_trace', 'expand_segments',
-           'trace_frame', 'compact_frame', 'Divergence', 'first_divergence', 'save_trace', 'load_trace', 'state_digest',
-           'RunRecord', 'same_run', 'plot_losses', 'fastrepro_diff']
+__all__ = ['TRACE_EVERY', 'TRACE_KEYS', 'TRACE_COLUMNS', 'INITIAL_WEIGHTS', 'GAP', 'BEFORE_TRAINING', 'NORM_PREFIX',
+           'TRACE_FORMAT', 'TRACE_VERSION', 'DIFF_SAME', 'DIFF_DIFFER', 'DIFF_UNREADABLE', 'Trace', 'compact_trace',
+           'expand_segments', 'joined_trace', 'trace_frame', 'compact_frame', 'Divergence', 'first_divergence',
+           'save_trace', 'gap_end', 'whole_state', 'compact_of', 'load_trace', 'state_digest', 'RunRecord', 'same_run',
+           'plot_losses', 'fastrepro_diff']
 
 # %% ../../nbs/record/03_trace.ipynb #89aeda15
 TRACE_EVERY = 10  # record the parameter norms every N training iterations (0: losses only)
 TRACE_KEYS = ('fit', 'iter')  # the columns that identify a row of a trace
 TRACE_COLUMNS = ('fit', 'epoch', 'iter', 'loss')  # the columns every trace has
 INITIAL_WEIGHTS = 'initial_weights'  # the trace's record (in `DataFrame.attrs`) of the weights its run started from
+GAP = 'gap'  # the trace's record (in `DataFrame.attrs`) of the `(fit, iter)` before which its rows are missing
 BEFORE_TRAINING = -1  # the iteration `first_divergence` gives runs whose initial weights differ
 NORM_PREFIX = 'norm:'  # the parameter-norm columns are named `NORM_PREFIX + parameter name`
 
@@ -30,13 +34,20 @@ def _norm_columns(trace:pd.DataFrame) -> list[str]:
     return [c for c in trace.columns if c.startswith(NORM_PREFIX)]
 
 class Trace:
-    "The trace of a run: each training iteration's exact loss, and every `every` iterations each parameter's norm"
+    ("The trace of a run: each training iteration's exact loss, and every `every` iterations each parameter's norm; "
+     "the rows a save wrote to the trace file beside the checkpoints (`spool`) are read back from it, not kept")
     def __init__(self, every:int=TRACE_EVERY): # record the parameter norms every N iterations (0: losses only)
-        self.every = every
-        self.fit, self.epoch, self.iter, self.loss, self._unflushed = [], [], [], [], []
-        self.param_names, self.norm_rows, self.norms = None, [], []
+        self.every, self.param_names = every, None
         self.events = []  # `(iteration, what happened)`: faults the run survived, e.g. a checkpoint not written
         self.initial = None  # `state_digest` of the weights the run's first fit started from
+        self.gap = None  # `(fit, iter)`: the rows before it are missing (a checkpoint resumed without its trace file)
+        self.run, self.log, self._logged_names = uuid.uuid4().hex, None, None  # the trace file: its run, its prefix
+        self._clear()
+
+    def _clear(self):
+        "Start the tail again: the rows recorded since the last `spool`"
+        self.fit, self.epoch, self.iter, self.loss, self._unflushed = [], [], [], [], []
+        self.norm_rows, self.norms = [], []
 
     def record(self, fit:int, epoch:int, it:int, loss:Tensor, model:nn.Module):
         "Record iteration `it` (`learn.train_iter`) of epoch `epoch` of fit `fit`, whose training loss is `loss`"
@@ -51,20 +62,60 @@ class Trace:
         if self._unflushed: self.loss += torch.stack(self._unflushed).float().cpu().tolist(); self._unflushed = []
         self.norms = [o.tolist() if isinstance(o, Tensor) else o for o in self.norms]
 
-    def state_dict(self) -> dict:
-        "The trace in its compact form (`compact_trace`), built without pandas: checkpoints call this at every save"
+    def _tail(self) -> dict:
+        "The rows since the last `spool`, in compact form"
         self.flush()
-        d = compact_trace(self.fit, self.epoch, self.iter, self.loss, self.param_names, self.norm_rows, self.norms,
-                          self.initial)
-        return {**d, 'events': [list(e) for e in self.events]} if self.events else d
+        return compact_trace(self.fit, self.epoch, self.iter, self.loss, self.param_names, self.norm_rows, self.norms)
 
-    def load_state_dict(self, d:dict):
-        "Continue the trace `d` (from `state_dict`)"
-        self.fit, self.epoch, self.iter = (c.tolist() for c in expand_segments(d['segments'].numpy()))
-        self.loss, self._unflushed, self.param_names = d['loss'].tolist(), [], d.get('param_names')
+    def state_dict(self) -> dict:
+        ("What a checkpoint holds of the trace: the rows the trace file does not (`tail`: all of them without a file), "
+         "the events, the initial weights, a gap; the file's prefix is pinned beside it (`log.pin()`)")
+        d = {'tail': self._tail()}
+        if self.initial is not None: d[INITIAL_WEIGHTS] = self.initial
+        if self.events: d['events'] = [list(e) for e in self.events]
+        if self.gap is not None: d[GAP] = list(self.gap)
+        return d
+
+    def load_state_dict(self, d:dict, # from `state_dict`
+                        log:BesideLog|None=None, # the trace file with the rows before `d`'s, checked (`BesideLog.open`)
+                       ):
+        "Continue the trace `d`, whose earlier rows are in `log`"
+        t = d['tail']
+        self.fit, self.epoch, self.iter = (c.tolist() for c in expand_segments(t['segments'].numpy()))
+        self.loss, self._unflushed, self.param_names = t['loss'].tolist(), [], t.get('param_names')
         # the rows of the norms are stored, so a NaN norm (a diverged run) stays a recorded NaN
-        self.norm_rows, self.norms = (d['norm_rows'].tolist(), d['norms'].tolist()) if self.param_names else ([], [])
+        self.norm_rows, self.norms = (t['norm_rows'].tolist(), t['norms'].tolist()) if self.param_names else ([], [])
         self.events, self.initial = [tuple(e) for e in d.get('events', [])], d.get(INITIAL_WEIGHTS)
+        self.gap = tuple(d[GAP]) if GAP in d else None
+        self.log, self._logged_names = log, None
+        if log is not None: self.run = log.run
+
+    def spool(self, path, # the trace file beside the checkpoint being written (`beside_path`)
+              more:dict|None=None, # other records of the same iterations (the Recorder's rows), appended with them
+              durable:bool=False, # fsync, as the checkpoint
+             ):
+        ("Append the rows since the last spool to the trace file `path`, and forget them; a file of another name (or "
+         "run) is started with the rows this trace's file holds")
+        tail = self._tail()
+        if self._logged_names == tail.get('param_names'): tail.pop('param_names', None)  # said once in the file
+        record = {'trace': tail, **(more or {})}
+        if self.log is not None and self.log.path == Path(path): self.log.append(record, durable)
+        else: self.log = BesideLog.create(path, self.run, (self.log.records() if self.log else []) + [record], durable)
+        self._logged_names = self.param_names
+        self._clear()
+
+    def _rows(self) -> dict:
+        "Every row in compact form: the trace file's, then the tail's"
+        chunks = [r['trace'] for r in self.log.records()] if self.log is not None else []
+        return joined_trace(chunks + [self._tail()])
+
+    def inline(self):
+        "Read the trace file's rows back into the tail (a checkpoint that could not write beside it holds them all)"
+        if self.log is not None: self.load_state_dict({**self.state_dict(), 'tail': self._rows()})
+
+    def compact(self) -> dict:
+        "The whole trace in compact form: the trace file's rows, then the tail; initial weights, events and gap"
+        return {**self._rows(), **{k: v for k, v in self.state_dict().items() if k != 'tail'}}
 
     def note(self, it:int, event:str):
         "Record that `event` happened at iteration `it`"
@@ -72,7 +123,7 @@ class Trace:
 
     def frame(self) -> pd.DataFrame:
         "The trace as a DataFrame: `fit`, `epoch`, `iter`, `loss`, and one `norm:<parameter>` column per parameter"
-        return trace_frame(self.state_dict())
+        return trace_frame(self.compact())
 
 # %% ../../nbs/record/03_trace.ipynb #bcf7cd6b
 def _segments(fit, epoch, it) -> np.ndarray:
@@ -89,6 +140,7 @@ def compact_trace(fit, epoch, it, loss, # one value per iteration
                   norm_rows=(), # the rows (iterations) that have norms
                   norms=(), # one row of norms per `norm_rows` entry
                   initial_weights:str|None=None, # `state_digest` of the weights the run started from
+                  gap:tuple|None=None, # `(fit, iter)` before which the run's rows are missing
                  ) -> dict:
     "A run trace in its compact form: tensors, a list of names, nothing else (`torch.load(weights_only=True)` reads it)"
     d = {'segments': torch.from_numpy(_segments(fit, epoch, it)),
@@ -98,6 +150,7 @@ def compact_trace(fit, epoch, it, loss, # one value per iteration
                  norm_rows=torch.as_tensor(np.asarray(norm_rows, dtype=np.int64).reshape(-1)),
                  norms=torch.from_numpy(np.asarray(norms, dtype=np.float32).reshape(len(norm_rows), len(param_names))))
     if initial_weights is not None: d[INITIAL_WEIGHTS] = initial_weights
+    if gap is not None: d[GAP] = list(gap)
     return d
 
 def expand_segments(segments) -> tuple:
@@ -107,11 +160,26 @@ def expand_segments(segments) -> tuple:
     offset = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)  # position within its run
     return np.repeat(seg[:, 0], counts), np.repeat(seg[:, 1], counts), np.repeat(seg[:, 2], counts) + offset
 
+def joined_trace(chunks:list, # compact traces of consecutive rows: the trace file's records, then a tail
+                ) -> dict:
+    "One compact trace of `chunks`' rows (a chunk without parameter names has the names of the one before)"
+    cols, loss, rows, norms, names, n = ([], [], []), [], [], [], None, 0
+    for c in chunks:
+        for acc, col in zip(cols, expand_segments(c['segments'].numpy())): acc.append(col)
+        loss.append(c['loss'].numpy())
+        names = c.get('param_names') or names
+        if 'norm_rows' in c: rows.append(c['norm_rows'].numpy() + n); norms.append(c['norms'].numpy())
+        n += len(c['loss'])
+    cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, dtype=np.int64)  # noqa: E731
+    return compact_trace(*(cat(c) for c in cols), cat(loss), names, cat(rows),
+                         np.concatenate(norms) if norms else np.zeros((0, len(names or ()))))
+
 def trace_frame(d:dict) -> pd.DataFrame:
     "The trace DataFrame of a compact trace; the digest of the run's initial weights, where recorded, in its `attrs`"
     fit, epoch, it = expand_segments(d['segments'].numpy())
     df = pd.DataFrame({'fit': fit, 'epoch': epoch, 'iter': it, 'loss': d['loss'].numpy().astype(np.float32)})
     if d.get(INITIAL_WEIGHTS): df.attrs[INITIAL_WEIGHTS] = d[INITIAL_WEIGHTS]
+    if d.get(GAP): df.attrs[GAP] = tuple(d[GAP])
     if d.get('param_names'):
         norms = np.full((len(df), len(d['param_names'])), np.nan, dtype=np.float32)
         norms[d['norm_rows'].numpy()] = d['norms'].numpy()
@@ -140,7 +208,7 @@ def compact_frame(trace:pd.DataFrame) -> dict:
     rows = np.flatnonzero(~np.isnan(norms).all(1)) if cols else []
     return compact_trace(trace.fit, trace.epoch, trace.iter, _exact_float32(trace.loss, 'loss column'),
                          [c[len(NORM_PREFIX):] for c in cols], rows, norms[rows] if cols else [],
-                         trace.attrs.get(INITIAL_WEIGHTS))
+                         trace.attrs.get(INITIAL_WEIGHTS), trace.attrs.get(GAP))
 
 # %% ../../nbs/record/03_trace.ipynb #0bd5e969
 def _fmt_norm(v:float) -> str: return 'nan (not recorded)' if np.isnan(v) else repr(v)
@@ -152,6 +220,8 @@ class Divergence:
     columns:list = field(default_factory=list) # the compared columns that differ: 'loss', norm columns, in trace order
     values:dict = field(default_factory=dict) # column -> (value in trace A, value in trace B), for `columns`
     missing:str|None = None # 'A' or 'B' when that trace has no row at this (fit, iter)
+    gap:tuple|None = None # `(fit, iter)`: the `missing` trace lacks every row before it (`GAP`)
+    after:Divergence|None = None # with `gap`: where the runs part after it (None: nowhere)
 
     @property
     def layer(self) -> str|None:
@@ -164,6 +234,10 @@ class Divergence:
             return (f"the initial weights, before fit {self.fit}'s first iteration: sha256 {a[:12]} vs {b[:12]} (a "
                     "learner built unseeded? call `seed_everything(seed)` before building the data and the learner)")
         where = f"fit {self.fit}, epoch {self.epoch}, iteration {self.iter}"
+        if self.gap is not None:
+            after = 'they are identical' if self.after is None else f"they part at {' '.join(str(self.after).split())}"
+            return (f"{where}: run {self.missing}'s trace has a gap from here to fit {self.gap[0]}, iteration "
+                    f"{self.gap[1]} (a checkpoint resumed without the trace file beside it); after the gap {after}.")
         if self.missing:
             other = 'B' if self.missing == 'A' else 'A'
             return f"{where}: only run {other} has this row; run {self.missing} ends or skips here."
@@ -195,13 +269,29 @@ def _differs(a:np.ndarray, b:np.ndarray) -> np.ndarray:
     "Elementwise exact inequality, NaN equal to NaN"
     return ~((a == b) | (np.isnan(a) & np.isnan(b)))
 
+def _from(t:pd.DataFrame, key:tuple) -> pd.DataFrame:
+    "The rows of the keyed trace `t` from `(fit, iter)` `key` on"
+    fit, it = t.index.get_level_values(0), t.index.get_level_values(1)
+    return t[(fit > key[0]) | ((fit == key[0]) & (it >= key[1]))]
+
 def _divergence(a:pd.DataFrame, b:pd.DataFrame) -> Divergence|None:
-    "Where traces `a` and `b` part: their initial weights, where both record them, then row by row"
-    wa, wb = a.attrs.get(INITIAL_WEIGHTS), b.attrs.get(INITIAL_WEIGHTS)
+    ("Where traces `a` and `b` part: their initial weights, where both record them; a gap in one of them (`GAP`), "
+     "with where they part after it; then row by row")
+    (wa, ga), (wb, gb) = ((t.attrs.get(INITIAL_WEIGHTS), t.attrs.get(GAP)) for t in (a, b))
     a, b = _keyed(a, 'A'), _keyed(b, 'B')
     if wa and wb and wa != wb:
         fit, epoch = (int(o) for o in a.reset_index()[['fit', 'epoch']].iloc[0]) if len(a) else (0, 0)
         return Divergence(fit, epoch, BEFORE_TRAINING, [INITIAL_WEIGHTS], {INITIAL_WEIGHTS: (wa, wb)})
+    if ga is None and gb is None: return _rows_divergence(a, b)
+    which, end = max((o for o in (('A', ga), ('B', gb)) if o[1] is not None), key=lambda o: tuple(o[1]))
+    after = _rows_divergence(_from(a, end), _from(b, end))
+    other = b if which == 'A' else a
+    if not len(other) or tuple(other.index[0]) >= tuple(end): return after  # nothing of the other run is missing
+    fit, it = (int(o) for o in other.index[0])
+    return Divergence(fit, int(other.epoch.iloc[0]), it, missing=which, gap=tuple(end), after=after)
+
+def _rows_divergence(a:pd.DataFrame, b:pd.DataFrame) -> Divergence|None:
+    "Where the keyed traces `a` and `b` part, row by row"
     cols = ['loss'] + [c for c in _norm_columns(a) if c in b.columns]
     idx = a.index.union(b.index).sort_values()
     in_a, in_b = idx.isin(a.index), idx.isin(b.index)
@@ -238,7 +328,7 @@ def first_divergence(trace_a, # a run trace (`learn.repro_trace`), a `Learner` w
     return d if detail or d is None else d.iter
 
 # %% ../../nbs/record/03_trace.ipynb #79df2ab8
-TRACE_FORMAT, TRACE_VERSION = 'fastrepro.trace', 2  # what a trace file says it is; 2: the initial weights' digest
+TRACE_FORMAT, TRACE_VERSION = 'fastrepro.trace', 3  # what a trace file says it is; 2: initial weights, 3: a gap
 
 def save_trace(trace:pd.DataFrame, # a run trace, e.g. `learn.repro_trace`
                path, # the file to write (replaced atomically)
@@ -248,21 +338,53 @@ def save_trace(trace:pd.DataFrame, # a run trace, e.g. `learn.repro_trace`
     atomic_torch_save({'format': TRACE_FORMAT, 'version': TRACE_VERSION, 'trace': compact_frame(trace)}, path)
     return path
 
+def gap_end(state:dict) -> list:
+    "Where the rows of a missing trace file end: at the checkpoint's own first row, else at its position"
+    seg = state['trace']['tail']['segments']
+    return [int(seg[0, 0]), int(seg[0, 2])] if len(seg) else [state['position'][k] for k in ('fit', 'train_iter')]
+
+def whole_state(state:dict, # a checkpoint's `ReproCB` state, in the current format (`upgrade_state`)
+                path, # the checkpoint: its trace file is beside it
+               ) -> dict:
+    ("`state` with every row of its run in it, the trace file's that the checkpoint pins (checked) and its own: the "
+     "whole trace (with a gap where the file is missing) and the Recorder's rows; the pin left out")
+    pin, trace, rec = state.get('beside'), dict(state['trace']), state['recorder']
+    records = []
+    if pin is not None:
+        try: records = BesideLog.open(pin, path).records()
+        except MissingLogError: trace[GAP] = trace.get(GAP) or gap_end(state)
+    trace['tail'] = joined_trace([r['trace'] for r in records] + [trace['tail']])
+    res = {**{k: v for k, v in state.items() if k != 'beside'}, 'trace': trace}
+    if rec is not None:
+        losses, lrs = logged_rows(records, rec['session'], rec['start'])
+        res['recorder'] = {**rec, 'start': 0, 'losses': torch.cat([torch.stack(losses).cpu() if losses else
+                                                                   torch.zeros(0), rec['losses']]),
+                           'lrs': torch.cat([torch.tensor(lrs, dtype=torch.float64), rec['lrs']])}
+    return res
+
+def compact_of(trace:dict) -> dict:
+    "The compact trace of a checkpoint's trace state (`Trace.state_dict`) whose `tail` holds every row (`whole_state`)"
+    return {**trace['tail'], **{k: v for k, v in trace.items() if k != 'tail'}}
+
 def _checkpoint_trace(d:dict, path:Path) -> dict:
-    "The compact trace `ReproCB` keeps in checkpoint `d`, of any checkpoint format (an older one is upgraded)"
+    "The compact trace of the run that wrote checkpoint `d`, of any checkpoint format (an older one is upgraded)"
     extra = split_state(d)[2]
     cbs = {} if extra is None else upgrade_state(extra, path)[0]['callbacks']
     if 'repro_cb' not in cbs:
         raise ValueError(f"{path} is a checkpoint without a run trace: was it saved by a Learner with `ReproCB` "
                          "attached?")
-    return cbs['repro_cb']['trace']
+    return compact_of(whole_state(cbs['repro_cb'], path)['trace'])
 
 def load_trace(path, # a file from `save_trace`, or a fastrepro checkpoint (`learn.save`'s .pth)
               ) -> pd.DataFrame:
-    "Read a run trace from a trace file or from a fastrepro checkpoint"
+    "Read a run trace from a trace file or from a fastrepro checkpoint (with the trace file beside it)"
     path = Path(path)
     if not path.is_file(): raise FileNotFoundError(f"No such file: {path}")
-    if not zipfile.is_zipfile(path): raise ValueError(f"{path} is neither a fastrepro trace file nor a checkpoint.")
+    if not zipfile.is_zipfile(path):
+        with open(path, 'rb') as f: beside = f.read(len(MAGIC)) == MAGIC
+        raise ValueError(f"{path} is the trace file beside a run's checkpoints: pass one of the checkpoints, which "
+                         "says how much of it is theirs." if beside else
+                         f"{path} is neither a fastrepro trace file nor a checkpoint.")
     # weights_only, with fastai's own few allowed types (its optimizer state holds an `L`)
     try: d = read_checkpoint(path)
     except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
