@@ -20,7 +20,7 @@ from ..state.beside import BesideLog, MissingLogError, beside_path
 from ..state.data import make_deterministic, undo_deterministic, set_epoch, loader_orders
 from ..state.distrib import world_size
 from ..state.audit import audit_fit, audit_resume, Findings
-from ..record.trace import Trace, TRACE_EVERY, INITIAL_WEIGHTS, GAP, state_digest, gap_end
+from ..record.trace import Trace, TRACE_EVERY, INITIAL_WEIGHTS, GAP, state_digest, gap_end, compact_trace
 from ..state.environment import environment_info
 from ..record.provenance import run_provenance, git_info, check_ranks_agree, written_since
 from ..experiments.ledger import Ledger
@@ -302,11 +302,19 @@ class ReproCB(Callback):
         if rec.losses is self._rec_lists and start == len(rec.losses): return None
         return recorder_rows(rec, self.position.fit, start)
     def _pin_pending(self, file):
-        "A checkpoint written while a loaded one is pending holds its state: its trace file goes beside `file` too"
-        log = self.pending_log
-        if log is None or log.path == beside_path(file, log.run, rank_distrib()): return
-        self.pending_log = BesideLog.create(beside_path(file, log.run, rank_distrib()), log.run, log.records(), DURABLE)
-        self.pending = {**self.pending, 'beside': self.pending_log.pin()}
+        ("A checkpoint written while a loaded one is pending holds its state: its trace file (with the rows the "
+         "loaded one held itself, all of them from format 6) goes beside `file` too")
+        st, log = self.pending, self.pending_log
+        run = log.run if log is not None else self.trace.run
+        target = beside_path(file, run, rank_distrib())
+        if log is not None and log.path == target: return
+        rec, own = st['recorder'], {'trace': st['trace']['tail']}
+        if rec is not None: own['recorder'] = {k: rec[k] for k in ('session', 'start', 'losses', 'lrs')}
+        self.pending_log = BesideLog.create(target, run, (log.records() if log is not None else []) + [own], DURABLE)
+        self.pending = {**st, 'beside': self.pending_log.pin(),
+                        'trace': {**st['trace'], 'tail': compact_trace(*[()] * 4)},
+                        'recorder': rec and {**rec, 'start': rec['start'] + len(rec['lrs']), 'losses': torch.zeros(0),
+                                             'lrs': torch.zeros(0, dtype=torch.float64)}}
     def end_loaded_fit(self, file=None):
         "Put the learner where the fit of the checkpoint it loaded (`file`) ended: a rerun that skips that fit"
         st = self.pending

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field, asdict
 from pathlib import Path
 import numpy as np, pandas as pd, torch
 from fastai.basics import *
-from ..record.trace import first_divergence, plot_losses, BEFORE_TRAINING, INITIAL_WEIGHTS
+from ..record.trace import INITIAL_WEIGHTS
+from ..record.divergence import first_divergence, plot_losses, BEFORE_TRAINING
 from ..state.environment import env_diff
 from ..callback.preempt import checkpoint_digests
 from .rebuild import EXIT_REPRODUCED, EXIT_PARTS
