@@ -94,7 +94,7 @@ def scale_text(rec) -> str:
 
 def compare(ref, rec) -> tuple:
     "(same, one line): `same_run`'s verdict on `rec` against `ref` (weights, losses, metrics, loss scales), its scales"
-    from fastrepro.record.trace import same_run
+    from fastrepro.record.divergence import same_run
     ok, why = same_run(ref, rec)
     return ok, f"{'same' if ok else 'DIFFER'}: {why}; {scale_text(rec)}"
 
@@ -102,7 +102,7 @@ def compare(ref, rec) -> tuple:
 def harness_checks(args, prof, df, out:Path, env:dict) -> list:
     "Checks 1 and 2: fp16 classifier jobs, each stage a fresh process"
     from fastrepro.demo.jobs import Job, job_process, job_error
-    from fastrepro.record.trace import RunRecord
+    from fastrepro.record.divergence import RunRecord
     from fastrepro.state.checkpoint import checkpoint_info
     from fastrepro.demo.ulmfit import Stage, lm_dls
     t0 = time.time()

@@ -20,7 +20,7 @@ from ._common import Config, setup, machine_info, code_version, BENCH_THREADS, R
 BENCHMARKS = {  # name -> module (each has run(cfg) -> list[Row])
     'epoch': 'epoch_time', 'data': 'data_loading', 'checkpoint': 'checkpoint_io', 'fp16': 'fp16_step',
     'ledger': 'ledger_io', 'trace': 'trace_cost', 'deterministic': 'determinism', 'preempt': 'preempt_cost',
-    'resume': 'resume_check', 'integrity': 'integrity_cost',
+    'resume': 'resume_check', 'integrity': 'integrity_cost', 'growth': 'trace_growth',
 }
 BEGIN, END = '<!-- bench:begin -->', '<!-- bench:end -->'
 QUIET_START = 1.5   # start a full run only below this 1-minute load average (2 cores); run.py warns above it

@@ -45,7 +45,7 @@ def condition(path:Path, df, prof, threads:int, env:dict):
     "A written job for one thread count, its reference run"
     from fastrepro.demo.jobs import Job, job_process, job_error
     from fastrepro.demo.ulmfit import Stage
-    from fastrepro.record.trace import RunRecord
+    from fastrepro.record.divergence import RunRecord
     job = Job('lm', df, path, profile=prof, threads=threads, stages=[Stage(0, N_EPOCH, LR)])
     spec = job.write()
     p = job_process(spec, 'reference', env=env)
@@ -56,7 +56,7 @@ def condition(path:Path, df, prof, threads:int, env:dict):
 def one_round(spec, ref, env:dict) -> dict:
     "Kill after epoch 0, resume in a fresh process, compare with `ref`"
     from fastrepro.demo.jobs import job_process, job_error, STOP_EPOCH
-    from fastrepro.record.trace import RunRecord, same_run, first_divergence
+    from fastrepro.record.divergence import RunRecord, same_run, first_divergence
     p = job_process(spec, 'kill', env=env)
     assert p.returncode == -signal.SIGKILL, job_error(p)
     ck = f'kill_{STOP_EPOCH}'

@@ -23,8 +23,9 @@ from .state.passes import pass_problem, loader_differences, FastaiMismatchWarnin
 from .callback.fp16 import ReproMixedPrecision  # also Learner.to_repro_fp16, loss_scale_history, ...
 from .state.audit import NondeterminismError, NondeterminismWarning
 from .state.audit import audit_model, audit_switches, fix_rnn_dropout
-from .record.trace import first_divergence, save_trace, load_trace, state_digest
-from .record.trace import RunRecord, same_run, plot_losses
+from .record.trace import save_trace, load_trace, state_digest
+from .record.divergence import first_divergence
+from .record.divergence import RunRecord, same_run, plot_losses
 from .record.provenance import DirtyTreeError, ProvenanceWarning, RankMismatchError
 from .record.provenance import git_info, git_patch, check_clean, run_provenance
 from .state.environment import environment_info, env_diff

@@ -210,7 +210,7 @@ def compare_command(args):
          arg('b', help='trace file or checkpoint of run B'))
 def diff_command(args):
     "Find the first iteration where two runs part (exit code 0: identical, 1: different, 2: unreadable)"
-    with _library_imports(): from fastrepro.record.trace import fastrepro_diff, DIFF_UNREADABLE  # only for this command
+    with _library_imports(): from fastrepro.record.divergence import fastrepro_diff, DIFF_UNREADABLE  # this command's
     code, text = fastrepro_diff(args.a, args.b)
     print(text, file=sys.stderr if code == DIFF_UNREADABLE else sys.stdout)
     return code

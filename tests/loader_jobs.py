@@ -24,7 +24,7 @@ from fastai.callback.data import WeightedDL, PartialDL
 from fastai.distributed import DistributedDL, DistributedTrainer
 from fastrepro.all import ReproCB, CheckpointCB, seed_everything, state_digest, checkpoint_info
 from fastrepro.demo.jobs import KillAt
-from fastrepro.record.trace import RunRecord
+from fastrepro.record.divergence import RunRecord
 
 N_EPOCH, LR, EVERY, STOP_EPOCH, SEED = 3, 1e-2, 3, 2, 1
 N_ROWS, BS = 360, 16

@@ -41,8 +41,11 @@ def check_complete(folder):
     model, opt, extra = split_state(read_checkpoint(ck))     # complete: loads with weights_only, no CheckpointError
     v = model['ballast']
     assert torch.equal(v, torch.full_like(v, v[0].item()))   # one whole version, not a mix
-    assert extra is not None and checkpoint_info(ck)['fastrepro']
-    assert [f.name for f in (folder/'models').iterdir() if not f.name.startswith('.fastrepro-tmp-')] == ['ck.pth']
+    info = checkpoint_info(ck)  # the trace file beside it holds the prefix it pins (a kill may have cut an append)
+    assert extra is not None and info['fastrepro'] and info['trace_file'] == 'intact'
+    trace_file = extra['callbacks']['repro_cb']['beside']['file']
+    assert sorted(f.name for f in (folder/'models').iterdir() if not f.name.startswith('.fastrepro-tmp-')) == sorted(
+        ['ck.pth', trace_file])
 
 def test_killed_saver_leaves_a_complete_checkpoint(tmp_path):
     mid_save = 0

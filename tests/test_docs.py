@@ -25,7 +25,7 @@ PAGE_TIMEOUT_S = hang_limit(10)
 DEMO_PAGE, DEMO_PLOTS = 'demo/run.html', 4  # the demo's plots: same seed, fp16 loss scale, nondeterminism, variants
 MATH_PAGE = 'experiments/stats.html'  # a page with TeX (effect sizes, power)
 # the plots a reader would rather look at, each on its page: the page -> what it draws
-PLOTS = {'callback/fp16.html': 'the loss scale history', 'record/trace.html': "two runs' losses, where they part",
+PLOTS = {'callback/fp16.html': 'the loss scale history', 'record/divergence.html': "two runs' losses, where they part",
          'experiments/stats.html': 'a comparison over seeds with its intervals',
          'callback/preempt.html': "a resumed run on top of the uninterrupted one",
          'check/reproduce.html': "reproduce's report",

@@ -10,7 +10,7 @@ trackers, and a three-fit ULMFiT script killed inside its second fit and rerun w
 import signal
 import pytest, torch
 from fastrepro.demo.jobs import Job, job_process, job_error, BEST
-from fastrepro.record.trace import RunRecord, same_run
+from fastrepro.record.divergence import RunRecord, same_run
 from fastrepro.state.checkpoint import checkpoint_info
 from fastrepro.demo.ulmfit import Stage, imdb_sample_df, lm_dls, subsample, ENCODER
 

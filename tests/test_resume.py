@@ -11,7 +11,7 @@ the Recorder's values and, in fp16, every loss-scale row."""
 import signal, shutil
 import pytest
 from fastrepro.demo.jobs import Job, job_process, job_error, STOP_EPOCH
-from fastrepro.record.trace import RunRecord, same_run
+from fastrepro.record.divergence import RunRecord, same_run
 from fastrepro.demo.ulmfit import Stage, imdb_sample_df, lm_dls, subsample, ENCODER
 
 pytestmark = pytest.mark.slow  # trains in fresh processes: the inner loop (-m "not slow") skips it

@@ -11,7 +11,7 @@ import signal
 import pytest, torch
 from fastrepro.demo.jobs import Job, job_process, job_error, SCRIPT_STOPS
 from fastrepro.demo.ulmfit import imdb_sample_df, subsample
-from fastrepro.record.trace import RunRecord, same_run
+from fastrepro.record.divergence import RunRecord, same_run
 
 pytestmark = pytest.mark.slow  # trains in fresh processes: the inner loop (-m "not slow") skips it
 

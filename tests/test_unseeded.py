@@ -52,7 +52,8 @@ def _digest(stdout:str) -> str: return next(l.split()[1] for l in stdout.splitli
 
 
 def test_unseeded_start_warns_once_and_parts_at_the_initial_weights(runs, capsys):
-    from fastrepro.record.trace import load_trace, first_divergence, BEFORE_TRAINING
+    from fastrepro.record.trace import load_trace
+    from fastrepro.record.divergence import first_divergence, BEFORE_TRAINING
     out, res = runs
     for n in ('unseeded_a', 'unseeded_b'):
         assert _said(res[n][1]) == 1, res[n][1][-3000:]
@@ -65,7 +66,8 @@ def test_unseeded_start_warns_once_and_parts_at_the_initial_weights(runs, capsys
 
 
 def test_seeded_start_says_nothing_and_is_the_same_run(runs):
-    from fastrepro.record.trace import load_trace, first_divergence
+    from fastrepro.record.trace import load_trace
+    from fastrepro.record.divergence import first_divergence
     out, res = runs
     for n in ('seeded_a', 'seeded_b'): assert _said(res[n][1]) == 0, res[n][1][-3000:]
     assert _digest(res['seeded_a'][0]) == _digest(res['seeded_b'][0])

@@ -11,6 +11,8 @@ from pathlib import Path
 from ..state.core import digest
 from ..state.checkpoint import CheckpointError, read_checkpoint, split_state, upgrade_state, checkpoint_info
 from ..record.provenance import git_info
+from ..record.trace import whole_state, compact_of, trace_frame
+from ..state.beside import DamagedLogError
 from ..experiments.store import _one_line
 
 # %% auto #0
@@ -39,12 +41,17 @@ def _record(path) -> dict:
         raise ReproduceError(f"{path} is not a fastrepro checkpoint (a plain fastai or torch file, or one saved "
                              "without ReproCB): it records no code, environment or trace to reproduce. Pass a "
                              "checkpoint written by a learner with ReproCB attached.")
-    info = checkpoint_info(path)
+    try: info = checkpoint_info(path)  # a damaged trace file beside it is refused here
+    except CheckpointError as e: raise ReproduceError(_one_line(e)) from e
     if not (info['git'] or {}).get('commit'):
         raise ReproduceError(f"{path} was written outside any git repository (or before its first commit): no commit "
                              "records its code, so it cannot be rebuilt. Reproduce runs started from a committed git "
                              "checkout.")
-    return dict(path=path, info=info, model=model, opt=opt, extra=upgrade_state(extra, path)[0])
+    extra = upgrade_state(extra, path)[0]
+    try: repro = whole_state(extra['callbacks']['repro_cb'], path)  # its rows in the trace file beside it too
+    except DamagedLogError as e: raise ReproduceError(_one_line(e)) from e
+    extra = {**extra, 'callbacks': {**extra['callbacks'], 'repro_cb': repro}}
+    return dict(path=path, info=info, model=model, opt=opt, extra=extra, trace=trace_frame(compact_of(repro['trace'])))
 
 def _git(cwd, *args, input:bytes|None=None, check:bool=True) -> subprocess.CompletedProcess:
     "`git args` in `cwd`, without the repository's hooks, bounded by `GIT_TIMEOUT_S`"

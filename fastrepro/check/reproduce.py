@@ -10,7 +10,7 @@ import sys, json, time, shutil, posixpath, itertools
 from pathlib import Path, PurePosixPath
 import pandas as pd
 from ..state.checkpoint import CheckpointError, read_checkpoint, split_state, checkpoint_info
-from ..record.trace import trace_frame, BEFORE_TRAINING
+from ..record.divergence import BEFORE_TRAINING
 from ..experiments.store import LedgerError, REPRODUCTION, _one_line
 from ..experiments.ledger import Ledger
 from ..record.trackers import note_runs
@@ -179,7 +179,7 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
                        predicted, before, after, data, argv, str(out), timings, where=found)
     if record is not None:
         res.ledger_run, res.record = int(record.name), record_reproduction(book, record, res, again['facts'])
-    res.save(out, tuple(trace_frame(r['extra']['callbacks']['repro_cb']['trace']) for r in (rec, again)))
+    res.save(out, (rec['trace'], again['trace']))
     res.trackers = note_runs(info['trackers'], 'reproduce', text, files=[out/'report.md', out/'report.json'])
     if res.trackers: res.save(out)  # the report says where the verdict was logged
     for line in res.trackers: _say(show, f"verdict {line}")

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field, asdict
 from pathlib import Path
 import numpy as np, pandas as pd, torch
 from fastai.basics import *
-from ..record.trace import trace_frame, first_divergence, plot_losses, BEFORE_TRAINING, INITIAL_WEIGHTS
+from ..record.trace import INITIAL_WEIGHTS
+from ..record.divergence import first_divergence, plot_losses, BEFORE_TRAINING
 from ..state.environment import env_diff
 from ..callback.preempt import checkpoint_digests
 from .rebuild import EXIT_REPRODUCED, EXIT_PARTS
@@ -62,7 +63,7 @@ def first_difference(a, b, where:str='') -> str|None:
 
 # the callbacks' states that are not the computation: where and when it ran, its ledger record, its tracker runs,
 # whose run it is
-_NOT_COMPUTED = {'repro_cb': ('provenance', 'ledger_run', 'trackers'), 'checkpoint_cb': ('identity',)}
+_NOT_COMPUTED = {'repro_cb': ('provenance', 'ledger_run', 'trackers', 'trace'), 'checkpoint_cb': ('identity',)}
 
 def _computed(name:str, state):
     "Callback `name`'s `state` without what is not the computation"
@@ -76,7 +77,7 @@ def compare_states(a:dict, b:dict) -> dict:
     ra, rb = (_computed('repro_cb', c['repro_cb']) for c in (ca, cb))
     if 'end' not in ra: rb.pop('end', None)  # the recorded checkpoint's format (5 and older) kept no fit end
     ia, ib = ra.pop('inside', None) or {}, rb.pop('inside', None) or {}
-    d = first_divergence(trace_frame(ra.pop('trace')), trace_frame(rb.pop('trace')), detail=True)
+    d = first_divergence(a['trace'], b['trace'], detail=True)
     res = {'trace': d, 'weights': first_difference(a['model'], b['model'], 'model'),
            'optimizer state': first_difference(a['opt'], b['opt'], 'opt'),
            'generator states': first_difference(ia.pop('generators', None), ib.pop('generators', None), 'generators'),
@@ -98,7 +99,7 @@ def compare_digests(entry:dict, # the manifest entry of a checkpoint `keep` dele
                    ) -> dict:
     ("Each quantity -> None when bit-identical, else where it first differs: the trace up to the entry's position, "
      "then the weights, optimizer state and generator states by the digests the manifest recorded")
-    ta, tb = (trace_frame(r['extra']['callbacks']['repro_cb']['trace']) for r in (a, b))
+    ta, tb = a['trace'], b['trace']
     got = checkpoint_digests(b['path'])
     res = {'trace': first_divergence(_trace_before(ta, entry), tb, detail=True)}
     for q, k in DIGEST_QUANTITIES.items():

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fastai.text.all import *
 import fastai, fastrepro  # their versions, in the report
-from ..record.trace import RunRecord
+from ..record.divergence import RunRecord
 from ..experiments.stats import MIN_SEEDS
 from .ulmfit import *
 

@@ -15,7 +15,8 @@ from ..state.kernels import same_kernels_env
 from ..callback.fp16 import ReproMixedPrecision  # also adds `Learner.to_repro_fp16`
 from ..callback.preempt import CheckpointCB, states_digest
 from ..state.checkpoint import checkpoint_info, read_checkpoint
-from ..record.trace import RunRecord, state_digest
+from ..record.trace import state_digest
+from ..record.divergence import RunRecord
 from .ulmfit import *
 
 # %% auto #0

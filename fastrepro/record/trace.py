@@ -1,4 +1,4 @@
-"""What every training iteration did, recorded without slowing training; where two runs part, found to the iteration; and whether two runs are the same run, bit for bit.
+"""What every training iteration did, recorded without slowing training, kept in a file beside the run's checkpoints that grows by appending; its compact form, trace files, and the weights' digest.
 
 Docs: https://fastrepro.github.io/fastrepro/record/trace.html.md"""
 
@@ -6,37 +6,44 @@ Docs: https://fastrepro.github.io/fastrepro/record/trace.html.md"""
 
 # %% ../../nbs/record/03_trace.ipynb #3c1dccad
 from __future__ import annotations
-import pickle, zipfile, hashlib
-from dataclasses import dataclass, field
+import uuid, pickle, zipfile, hashlib
 from fastai.basics import *
 from ..state.checkpoint import atomic_torch_save, read_checkpoint, split_state, upgrade_state
+from ..state.beside import BesideLog, MissingLogError, MAGIC
+from ..state.fastai_state import logged_rows
 
 # %% auto #0
-__all__ = ['TRACE_EVERY', 'TRACE_KEYS', 'TRACE_COLUMNS', 'INITIAL_WEIGHTS', 'BEFORE_TRAINING', 'NORM_PREFIX', 'TRACE_FORMAT',
-           'TRACE_VERSION', 'DIFF_SAME', 'DIFF_DIFFER', 'DIFF_UNREADABLE', 'Trace', 'compact_trace', 'expand_segments',
-           'trace_frame', 'compact_frame', 'Divergence', 'first_divergence', 'save_trace', 'load_trace', 'state_digest',
-           'RunRecord', 'same_run', 'plot_losses', 'fastrepro_diff']
+__all__ = ['TRACE_EVERY', 'TRACE_KEYS', 'TRACE_COLUMNS', 'INITIAL_WEIGHTS', 'GAP', 'NORM_PREFIX', 'TRACE_FORMAT', 'TRACE_VERSION',
+           'norm_columns', 'Trace', 'compact_trace', 'expand_segments', 'joined_trace', 'trace_frame', 'compact_frame',
+           'save_trace', 'gap_end', 'whole_state', 'compact_of', 'load_trace', 'state_digest']
 
 # %% ../../nbs/record/03_trace.ipynb #89aeda15
 TRACE_EVERY = 10  # record the parameter norms every N training iterations (0: losses only)
 TRACE_KEYS = ('fit', 'iter')  # the columns that identify a row of a trace
 TRACE_COLUMNS = ('fit', 'epoch', 'iter', 'loss')  # the columns every trace has
 INITIAL_WEIGHTS = 'initial_weights'  # the trace's record (in `DataFrame.attrs`) of the weights its run started from
-BEFORE_TRAINING = -1  # the iteration `first_divergence` gives runs whose initial weights differ
+GAP = 'gap'  # the trace's record (in `DataFrame.attrs`) of the `(fit, iter)` before which its rows are missing
 NORM_PREFIX = 'norm:'  # the parameter-norm columns are named `NORM_PREFIX + parameter name`
 
-def _norm_columns(trace:pd.DataFrame) -> list[str]:
+def norm_columns(trace:pd.DataFrame) -> list[str]:
     "The parameter-norm columns of `trace`, in its (the model's parameter) order"
     return [c for c in trace.columns if c.startswith(NORM_PREFIX)]
 
 class Trace:
-    "The trace of a run: each training iteration's exact loss, and every `every` iterations each parameter's norm"
+    ("The trace of a run: each training iteration's exact loss, and every `every` iterations each parameter's norm; "
+     "the rows a save wrote to the trace file beside the checkpoints (`spool`) are read back from it, not kept")
     def __init__(self, every:int=TRACE_EVERY): # record the parameter norms every N iterations (0: losses only)
-        self.every = every
-        self.fit, self.epoch, self.iter, self.loss, self._unflushed = [], [], [], [], []
-        self.param_names, self.norm_rows, self.norms = None, [], []
+        self.every, self.param_names = every, None
         self.events = []  # `(iteration, what happened)`: faults the run survived, e.g. a checkpoint not written
         self.initial = None  # `state_digest` of the weights the run's first fit started from
+        self.gap = None  # `(fit, iter)`: the rows before it are missing (a checkpoint resumed without its trace file)
+        self.run, self.log, self._logged_names = uuid.uuid4().hex, None, None  # the trace file: its run, its prefix
+        self._clear()
+
+    def _clear(self):
+        "Start the tail again: the rows recorded since the last `spool`"
+        self.fit, self.epoch, self.iter, self.loss, self._unflushed = [], [], [], [], []
+        self.norm_rows, self.norms = [], []
 
     def record(self, fit:int, epoch:int, it:int, loss:Tensor, model:nn.Module):
         "Record iteration `it` (`learn.train_iter`) of epoch `epoch` of fit `fit`, whose training loss is `loss`"
@@ -51,20 +58,60 @@ class Trace:
         if self._unflushed: self.loss += torch.stack(self._unflushed).float().cpu().tolist(); self._unflushed = []
         self.norms = [o.tolist() if isinstance(o, Tensor) else o for o in self.norms]
 
-    def state_dict(self) -> dict:
-        "The trace in its compact form (`compact_trace`), built without pandas: checkpoints call this at every save"
+    def _tail(self) -> dict:
+        "The rows since the last `spool`, in compact form"
         self.flush()
-        d = compact_trace(self.fit, self.epoch, self.iter, self.loss, self.param_names, self.norm_rows, self.norms,
-                          self.initial)
-        return {**d, 'events': [list(e) for e in self.events]} if self.events else d
+        return compact_trace(self.fit, self.epoch, self.iter, self.loss, self.param_names, self.norm_rows, self.norms)
 
-    def load_state_dict(self, d:dict):
-        "Continue the trace `d` (from `state_dict`)"
-        self.fit, self.epoch, self.iter = (c.tolist() for c in expand_segments(d['segments'].numpy()))
-        self.loss, self._unflushed, self.param_names = d['loss'].tolist(), [], d.get('param_names')
+    def state_dict(self) -> dict:
+        ("What a checkpoint holds of the trace: the rows the trace file does not (`tail`: all of them without a file), "
+         "the events, the initial weights, a gap; the file's prefix is pinned beside it (`log.pin()`)")
+        d = {'tail': self._tail()}
+        if self.initial is not None: d[INITIAL_WEIGHTS] = self.initial
+        if self.events: d['events'] = [list(e) for e in self.events]
+        if self.gap is not None: d[GAP] = list(self.gap)
+        return d
+
+    def load_state_dict(self, d:dict, # from `state_dict`
+                        log:BesideLog|None=None, # the trace file with the rows before `d`'s, checked (`BesideLog.open`)
+                       ):
+        "Continue the trace `d`, whose earlier rows are in `log`"
+        t = d['tail']
+        self.fit, self.epoch, self.iter = (c.tolist() for c in expand_segments(t['segments'].numpy()))
+        self.loss, self._unflushed, self.param_names = t['loss'].tolist(), [], t.get('param_names')
         # the rows of the norms are stored, so a NaN norm (a diverged run) stays a recorded NaN
-        self.norm_rows, self.norms = (d['norm_rows'].tolist(), d['norms'].tolist()) if self.param_names else ([], [])
+        self.norm_rows, self.norms = (t['norm_rows'].tolist(), t['norms'].tolist()) if self.param_names else ([], [])
         self.events, self.initial = [tuple(e) for e in d.get('events', [])], d.get(INITIAL_WEIGHTS)
+        self.gap = tuple(d[GAP]) if GAP in d else None
+        self.log, self._logged_names = log, None
+        if log is not None: self.run = log.run
+
+    def spool(self, path, # the trace file beside the checkpoint being written (`beside_path`)
+              more:dict|None=None, # other records of the same iterations (the Recorder's rows), appended with them
+              durable:bool=False, # fsync, as the checkpoint
+             ):
+        ("Append the rows since the last spool to the trace file `path`, and forget them; a file of another name (or "
+         "run) is started with the rows this trace's file holds")
+        tail = self._tail()
+        if self._logged_names == tail.get('param_names'): tail.pop('param_names', None)  # said once in the file
+        record = {'trace': tail, **(more or {})}
+        if self.log is not None and self.log.path == Path(path): self.log.append(record, durable)
+        else: self.log = BesideLog.create(path, self.run, (self.log.records() if self.log else []) + [record], durable)
+        self._logged_names = self.param_names
+        self._clear()
+
+    def _rows(self) -> dict:
+        "Every row in compact form: the trace file's, then the tail's"
+        chunks = [r['trace'] for r in self.log.records()] if self.log is not None else []
+        return joined_trace(chunks + [self._tail()])
+
+    def inline(self):
+        "Read the trace file's rows back into the tail (a checkpoint that could not write beside it holds them all)"
+        if self.log is not None: self.load_state_dict({**self.state_dict(), 'tail': self._rows()})
+
+    def compact(self) -> dict:
+        "The whole trace in compact form: the trace file's rows, then the tail; initial weights, events and gap"
+        return {**self._rows(), **{k: v for k, v in self.state_dict().items() if k != 'tail'}}
 
     def note(self, it:int, event:str):
         "Record that `event` happened at iteration `it`"
@@ -72,7 +119,7 @@ class Trace:
 
     def frame(self) -> pd.DataFrame:
         "The trace as a DataFrame: `fit`, `epoch`, `iter`, `loss`, and one `norm:<parameter>` column per parameter"
-        return trace_frame(self.state_dict())
+        return trace_frame(self.compact())
 
 # %% ../../nbs/record/03_trace.ipynb #bcf7cd6b
 def _segments(fit, epoch, it) -> np.ndarray:
@@ -89,6 +136,7 @@ def compact_trace(fit, epoch, it, loss, # one value per iteration
                   norm_rows=(), # the rows (iterations) that have norms
                   norms=(), # one row of norms per `norm_rows` entry
                   initial_weights:str|None=None, # `state_digest` of the weights the run started from
+                  gap:tuple|None=None, # `(fit, iter)` before which the run's rows are missing
                  ) -> dict:
     "A run trace in its compact form: tensors, a list of names, nothing else (`torch.load(weights_only=True)` reads it)"
     d = {'segments': torch.from_numpy(_segments(fit, epoch, it)),
@@ -98,6 +146,7 @@ def compact_trace(fit, epoch, it, loss, # one value per iteration
                  norm_rows=torch.as_tensor(np.asarray(norm_rows, dtype=np.int64).reshape(-1)),
                  norms=torch.from_numpy(np.asarray(norms, dtype=np.float32).reshape(len(norm_rows), len(param_names))))
     if initial_weights is not None: d[INITIAL_WEIGHTS] = initial_weights
+    if gap is not None: d[GAP] = list(gap)
     return d
 
 def expand_segments(segments) -> tuple:
@@ -107,11 +156,26 @@ def expand_segments(segments) -> tuple:
     offset = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)  # position within its run
     return np.repeat(seg[:, 0], counts), np.repeat(seg[:, 1], counts), np.repeat(seg[:, 2], counts) + offset
 
+def joined_trace(chunks:list, # compact traces of consecutive rows: the trace file's records, then a tail
+                ) -> dict:
+    "One compact trace of `chunks`' rows (a chunk without parameter names has the names of the one before)"
+    cols, loss, rows, norms, names, n = ([], [], []), [], [], [], None, 0
+    for c in chunks:
+        for acc, col in zip(cols, expand_segments(c['segments'].numpy())): acc.append(col)
+        loss.append(c['loss'].numpy())
+        names = c.get('param_names') or names
+        if 'norm_rows' in c: rows.append(c['norm_rows'].numpy() + n); norms.append(c['norms'].numpy())
+        n += len(c['loss'])
+    cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, dtype=np.int64)  # noqa: E731
+    return compact_trace(*(cat(c) for c in cols), cat(loss), names, cat(rows),
+                         np.concatenate(norms) if norms else np.zeros((0, len(names or ()))))
+
 def trace_frame(d:dict) -> pd.DataFrame:
     "The trace DataFrame of a compact trace; the digest of the run's initial weights, where recorded, in its `attrs`"
     fit, epoch, it = expand_segments(d['segments'].numpy())
     df = pd.DataFrame({'fit': fit, 'epoch': epoch, 'iter': it, 'loss': d['loss'].numpy().astype(np.float32)})
     if d.get(INITIAL_WEIGHTS): df.attrs[INITIAL_WEIGHTS] = d[INITIAL_WEIGHTS]
+    if d.get(GAP): df.attrs[GAP] = tuple(d[GAP])
     if d.get('param_names'):
         norms = np.full((len(df), len(d['param_names'])), np.nan, dtype=np.float32)
         norms[d['norm_rows'].numpy()] = d['norms'].numpy()
@@ -135,110 +199,15 @@ def compact_frame(trace:pd.DataFrame) -> dict:
     if missing or extra: raise ValueError(f"Not a run trace: columns {missing} missing, {extra} unknown. "
                                           f"A run trace has {list(TRACE_COLUMNS)} and `{NORM_PREFIX}<parameter>` "
                                           "columns.")
-    cols = _norm_columns(trace)
+    cols = norm_columns(trace)
     norms = np.stack([_exact_float32(trace[c], f'column {c}') for c in cols], 1) if cols else np.zeros((len(trace), 0))
     rows = np.flatnonzero(~np.isnan(norms).all(1)) if cols else []
     return compact_trace(trace.fit, trace.epoch, trace.iter, _exact_float32(trace.loss, 'loss column'),
                          [c[len(NORM_PREFIX):] for c in cols], rows, norms[rows] if cols else [],
-                         trace.attrs.get(INITIAL_WEIGHTS))
-
-# %% ../../nbs/record/03_trace.ipynb #0bd5e969
-def _fmt_norm(v:float) -> str: return 'nan (not recorded)' if np.isnan(v) else repr(v)
-
-@dataclass
-class Divergence:
-    "Where two run traces part: the first row that differs or is missing from one of them"
-    fit:int; epoch:int; iter:int
-    columns:list = field(default_factory=list) # the compared columns that differ: 'loss', norm columns, in trace order
-    values:dict = field(default_factory=dict) # column -> (value in trace A, value in trace B), for `columns`
-    missing:str|None = None # 'A' or 'B' when that trace has no row at this (fit, iter)
-
-    @property
-    def layer(self) -> str|None:
-        "The first parameter, in parameter order, whose norm differs"
-        return next((c[len(NORM_PREFIX):] for c in self.columns if c.startswith(NORM_PREFIX)), None)
-
-    def __str__(self):
-        if INITIAL_WEIGHTS in self.columns:
-            a, b = self.values[INITIAL_WEIGHTS]
-            return (f"the initial weights, before fit {self.fit}'s first iteration: sha256 {a[:12]} vs {b[:12]} (a "
-                    "learner built unseeded? call `seed_everything(seed)` before building the data and the learner)")
-        where = f"fit {self.fit}, epoch {self.epoch}, iteration {self.iter}"
-        if self.missing:
-            other = 'B' if self.missing == 'A' else 'A'
-            return f"{where}: only run {other} has this row; run {self.missing} ends or skips here."
-        res = [f"{where}:"]
-        if 'loss' in self.columns: res.append(f"  loss {self.values['loss'][0]!r} vs {self.values['loss'][1]!r}")
-        if self.layer is not None:
-            a, b = self.values[NORM_PREFIX+self.layer]
-            n = len(self.columns) - ('loss' in self.columns)
-            res.append(f"  first parameter that differs: {self.layer}, norm {_fmt_norm(a)} vs {_fmt_norm(b)} "
-                       f"({n} norm(s) differ)")
-        return '\n'.join(res)
-
-# %% ../../nbs/record/03_trace.ipynb #9fe829cd
-def _keyed(trace:pd.DataFrame, which:str) -> pd.DataFrame:
-    "`trace` checked, indexed by `TRACE_KEYS` and sorted"
-    missing = [c for c in TRACE_COLUMNS if c not in trace.columns]
-    if missing: raise ValueError(f"Trace {which} has no column(s) {missing}: it is not a fastrepro run trace "
-                                 "(`learn.repro_trace`).")
-    res = trace.set_index(list(TRACE_KEYS)).sort_index()
-    if not res.index.is_unique:
-        raise ValueError(f"Trace {which} has several rows for the same (fit, iter): are two runs concatenated in it?")
-    return res
-
-def _as_trace(trace) -> pd.DataFrame:
-    if isinstance(trace, Learner): return trace.repro_trace
-    return trace if isinstance(trace, pd.DataFrame) else load_trace(trace)
-
-def _differs(a:np.ndarray, b:np.ndarray) -> np.ndarray:
-    "Elementwise exact inequality, NaN equal to NaN"
-    return ~((a == b) | (np.isnan(a) & np.isnan(b)))
-
-def _divergence(a:pd.DataFrame, b:pd.DataFrame) -> Divergence|None:
-    "Where traces `a` and `b` part: their initial weights, where both record them, then row by row"
-    wa, wb = a.attrs.get(INITIAL_WEIGHTS), b.attrs.get(INITIAL_WEIGHTS)
-    a, b = _keyed(a, 'A'), _keyed(b, 'B')
-    if wa and wb and wa != wb:
-        fit, epoch = (int(o) for o in a.reset_index()[['fit', 'epoch']].iloc[0]) if len(a) else (0, 0)
-        return Divergence(fit, epoch, BEFORE_TRAINING, [INITIAL_WEIGHTS], {INITIAL_WEIGHTS: (wa, wb)})
-    cols = ['loss'] + [c for c in _norm_columns(a) if c in b.columns]
-    idx = a.index.union(b.index).sort_values()
-    in_a, in_b = idx.isin(a.index), idx.isin(b.index)
-    va, vb = (t.reindex(idx)[cols].to_numpy(np.float64) for t in (a, b))
-    differs = _differs(va, vb)
-    parted = differs.any(axis=1) | ~in_a | ~in_b
-    if not parted.any(): return None
-    i = int(parted.argmax())
-    fit, it = (int(o) for o in idx[i])
-    epoch = int((a if in_a[i] else b).loc[(fit, it), 'epoch'])
-    if not (in_a[i] and in_b[i]): return Divergence(fit, epoch, it, missing='B' if in_a[i] else 'A')
-    diff_cols = [c for c, d in zip(cols, differs[i]) if d]
-    return Divergence(fit, epoch, it, diff_cols, {c: (float(va[i, j]), float(vb[i, j])) for j, c in enumerate(cols)
-                                                  if c in diff_cols})
-
-def _note_divergence(learn:Learner, which:str, d:Divergence|None, trace:pd.DataFrame):
-    "Tell the tracker runs of `learn`'s last fit (`FitTrackers.note`) the verdict on its run, run `which`"
-    other = 'B' if which == 'A' else 'A'
-    if d is None: text = f"This run ({which}) and run {other} are identical: {len(trace)} iterations compared."
-    else: text = f"This run ({which}) and run {other} part at {d}"
-    step = max(d.iter, 0) if d is not None else int(trace.iter.iloc[-1]) if len(trace) else 0
-    learn.repro_cb.trackers.note('first_divergence', text, step)
-
-def first_divergence(trace_a, # a run trace (`learn.repro_trace`), a `Learner` with `ReproCB`, or a `load_trace` path
-                     trace_b, # the run to compare with, as the same kinds
-                     detail:bool=False, # return a `Divergence` instead of the iteration
-                    ) -> int|Divergence|None:
-    ("The first `iter` at which two run traces differ (`BEFORE_TRAINING` when their initial weights do), or None "
-     "when they never do; with `detail`, a `Divergence`. A learner's tracker runs are told the verdict")
-    a, b = _as_trace(trace_a), _as_trace(trace_b)
-    d = _divergence(a, b)
-    for which, run, trace in (('A', trace_a, a), ('B', trace_b, b)):
-        if isinstance(run, Learner): _note_divergence(run, which, d, trace)
-    return d if detail or d is None else d.iter
+                         trace.attrs.get(INITIAL_WEIGHTS), trace.attrs.get(GAP))
 
 # %% ../../nbs/record/03_trace.ipynb #79df2ab8
-TRACE_FORMAT, TRACE_VERSION = 'fastrepro.trace', 2  # what a trace file says it is; 2: the initial weights' digest
+TRACE_FORMAT, TRACE_VERSION = 'fastrepro.trace', 3  # what a trace file says it is; 2: initial weights, 3: a gap
 
 def save_trace(trace:pd.DataFrame, # a run trace, e.g. `learn.repro_trace`
                path, # the file to write (replaced atomically)
@@ -248,21 +217,53 @@ def save_trace(trace:pd.DataFrame, # a run trace, e.g. `learn.repro_trace`
     atomic_torch_save({'format': TRACE_FORMAT, 'version': TRACE_VERSION, 'trace': compact_frame(trace)}, path)
     return path
 
+def gap_end(state:dict) -> list:
+    "Where the rows of a missing trace file end: at the checkpoint's own first row, else at its position"
+    seg = state['trace']['tail']['segments']
+    return [int(seg[0, 0]), int(seg[0, 2])] if len(seg) else [state['position'][k] for k in ('fit', 'train_iter')]
+
+def whole_state(state:dict, # a checkpoint's `ReproCB` state, in the current format (`upgrade_state`)
+                path, # the checkpoint: its trace file is beside it
+               ) -> dict:
+    ("`state` with every row of its run in it, the trace file's that the checkpoint pins (checked) and its own: the "
+     "whole trace (with a gap where the file is missing) and the Recorder's rows; the pin left out")
+    pin, trace, rec = state.get('beside'), dict(state['trace']), state['recorder']
+    records = []
+    if pin is not None:
+        try: records = BesideLog.open(pin, path).records()
+        except MissingLogError: trace[GAP] = trace.get(GAP) or gap_end(state)
+    trace['tail'] = joined_trace([r['trace'] for r in records] + [trace['tail']])
+    res = {**{k: v for k, v in state.items() if k != 'beside'}, 'trace': trace}
+    if rec is not None:
+        losses, lrs = logged_rows(records, rec['session'], rec['start'])
+        res['recorder'] = {**rec, 'start': 0, 'losses': torch.cat([torch.stack(losses).cpu() if losses else
+                                                                   torch.zeros(0), rec['losses']]),
+                           'lrs': torch.cat([torch.tensor(lrs, dtype=torch.float64), rec['lrs']])}
+    return res
+
+def compact_of(trace:dict) -> dict:
+    "The compact trace of a checkpoint's trace state (`Trace.state_dict`) whose `tail` holds every row (`whole_state`)"
+    return {**trace['tail'], **{k: v for k, v in trace.items() if k != 'tail'}}
+
 def _checkpoint_trace(d:dict, path:Path) -> dict:
-    "The compact trace `ReproCB` keeps in checkpoint `d`, of any checkpoint format (an older one is upgraded)"
+    "The compact trace of the run that wrote checkpoint `d`, of any checkpoint format (an older one is upgraded)"
     extra = split_state(d)[2]
     cbs = {} if extra is None else upgrade_state(extra, path)[0]['callbacks']
     if 'repro_cb' not in cbs:
         raise ValueError(f"{path} is a checkpoint without a run trace: was it saved by a Learner with `ReproCB` "
                          "attached?")
-    return cbs['repro_cb']['trace']
+    return compact_of(whole_state(cbs['repro_cb'], path)['trace'])
 
 def load_trace(path, # a file from `save_trace`, or a fastrepro checkpoint (`learn.save`'s .pth)
               ) -> pd.DataFrame:
-    "Read a run trace from a trace file or from a fastrepro checkpoint"
+    "Read a run trace from a trace file or from a fastrepro checkpoint (with the trace file beside it)"
     path = Path(path)
     if not path.is_file(): raise FileNotFoundError(f"No such file: {path}")
-    if not zipfile.is_zipfile(path): raise ValueError(f"{path} is neither a fastrepro trace file nor a checkpoint.")
+    if not zipfile.is_zipfile(path):
+        with open(path, 'rb') as f: beside = f.read(len(MAGIC)) == MAGIC
+        raise ValueError(f"{path} is the trace file beside a run's checkpoints: pass one of the checkpoints, which "
+                         "says how much of it is theirs." if beside else
+                         f"{path} is neither a fastrepro trace file nor a checkpoint.")
     # weights_only, with fastai's own few allowed types (its optimizer state holds an `L`)
     try: d = read_checkpoint(path)
     except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
@@ -275,7 +276,7 @@ def load_trace(path, # a file from `save_trace`, or a fastrepro checkpoint (`lea
         return trace_frame(d['trace'])
     return trace_frame(_checkpoint_trace(d, path))
 
-# %% ../../nbs/record/03_trace.ipynb #b78fa6cb
+# %% ../../nbs/record/03_trace.ipynb #70365cd9
 def state_digest(model) -> str:
     "sha256 over every parameter and buffer of `model` (or a state dict): name, dtype, shape and raw bytes"
     h = hashlib.sha256()
@@ -285,98 +286,3 @@ def state_digest(model) -> str:
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
-def _frame_tensors(df:pd.DataFrame|None) -> dict|None:
-    "The columns of `df` as tensors of their own dtype (exact, `weights_only`-safe)"
-    return None if df is None else {str(c): torch.from_numpy(df[c].to_numpy(copy=True)) for c in df.columns}
-
-def _tensors_frame(d:dict|None) -> pd.DataFrame|None:
-    return None if d is None else pd.DataFrame({c: t.numpy() for c, t in d.items()})
-
-@dataclass
-class RunRecord:
-    "What two runs must share to be the same run: the final model's digest, the trace, the metrics, the loss scales"
-    digest:str # `state_digest` of the final model
-    trace:pd.DataFrame # `learn.repro_trace`: fit, epoch, iter, loss and parameter norms
-    values:list # the Recorder's values of the last fit (train loss, valid loss, metrics per epoch)
-    loss_scale:pd.DataFrame|None=None # the loss-scale history, with `ReproMixedPrecision`
-
-    @classmethod
-    def of(cls, learn:Learner):
-        "The record of `learn`'s run"
-        mp = getattr(learn, 'mixed_precision', None)
-        return cls(state_digest(learn.model), learn.repro_trace,
-                   [[float(v) for v in vals] for vals in learn.recorder.values],
-                   mp.history if hasattr(mp, 'history') else None)
-
-    def save(self, path):
-        "Write the record to `path` (`torch.load(weights_only=True)` reads it)"
-        atomic_torch_save({'digest': self.digest, 'trace': compact_frame(self.trace), 'values': self.values,
-                           'loss_scale': _frame_tensors(self.loss_scale)}, path)
-
-    @classmethod
-    def load(cls, path):
-        "Read a record `save` wrote"
-        d = torch.load(path, weights_only=True)
-        return cls(d['digest'], trace_frame(d['trace']), d['values'], _tensors_frame(d['loss_scale']))
-
-# %% ../../nbs/record/03_trace.ipynb #1b30e563
-def same_run(a:RunRecord, b:RunRecord) -> tuple[bool, str]:
-    "Are `a` and `b` the same run, bit for bit? `(same, explanation)`"
-    d = first_divergence(a.trace, b.trace, detail=True)
-    scales = (a.loss_scale is None and b.loss_scale is None) or (
-        a.loss_scale is not None and b.loss_scale is not None and a.loss_scale.equals(b.loss_scale))
-    if a.digest == b.digest and d is None and a.values == b.values and scales:
-        return True, (f"sha256 {a.digest[:12]}, {len(a.trace)} per-batch losses"
-                      + ('' if a.loss_scale is None else f", {len(a.loss_scale)} loss scales")
-                      + " and the metrics equal")
-    why = [] if a.digest == b.digest else [f"model sha256 {a.digest[:12]} vs {b.digest[:12]}"]
-    if d is not None: why.append(f"the runs part at {' '.join(str(d).split())}")
-    if a.values != b.values:
-        n = min(len(a.values), len(b.values))
-        i = next((i for i, (x, y) in enumerate(zip(a.values, b.values)) if x != y), n)
-        why.append(f"the metrics differ from epoch {i+1} on" if i < n else f"the runs recorded {len(a.values)} and "
-                   f"{len(b.values)} epochs")
-    if not scales: why.append("the loss-scale histories differ")
-    return False, '; '.join(why)
-
-# %% ../../nbs/record/03_trace.ipynb #5d2e8f70
-def plot_losses(runs:dict, # name -> `RunRecord` (or a trace DataFrame)
-                title:str, # the plot's title
-                mark:int|None=None, # an iteration to mark with a vertical line
-                mark_label:str='', # its legend entry
-               ):
-    "The per-batch training losses of several runs over their iterations, and their difference from the first run"
-    losses = {k: (r if isinstance(r, pd.DataFrame) else r.trace).loss.to_numpy(np.float64) for k, r in runs.items()}
-    first_name, first = next(iter(losses.items()))
-    fig, (ax, axd) = plt.subplots(2, 1, figsize=(8, 5), sharex=True, gridspec_kw={'height_ratios': (2, 1)})
-    for i, (name, loss) in enumerate(losses.items()):
-        ax.plot(loss, ls='-' if i == 0 else '--', lw=1.5 if i == 0 else 1, label=name)
-        if i: n = min(len(loss), len(first)); axd.plot(np.abs(loss[:n] - first[:n]), label=f'|{name} - {first_name}|')
-    for a in (ax, axd):
-        if mark is not None: a.axvline(mark, color='red', ls=':', label=mark_label if a is ax else None)
-    ax.set_ylabel('training loss'); ax.set_title(title); ax.legend()
-    axd.set_xlabel('training iteration (all fits)'); axd.set_ylabel('difference'); axd.legend()
-    return fig
-
-# %% ../../nbs/record/03_trace.ipynb #166dd488
-DIFF_SAME, DIFF_DIFFER, DIFF_UNREADABLE = 0, 1, 2  # exit codes of `fastrepro diff`
-
-def _same_text(a:pd.DataFrame, b:pd.DataFrame) -> str:
-    norms = [c for c in _norm_columns(a) if c in b.columns]
-    res = (f"The runs are identical: {len(a)} iterations in {a['fit'].nunique()} fit(s), loss and {len(norms)} "
-           "parameter norm column(s) compared.")
-    only = sorted(set(_norm_columns(a)) ^ set(_norm_columns(b)))
-    return res + (f"\n{len(only)} norm column(s) in only one run were not compared." if only else '')
-
-def fastrepro_diff(a, # trace file or checkpoint of run A
-                   b, # trace file or checkpoint of run B
-                  ) -> tuple[int, str]:
-    "Compare two runs: (exit code, text); 0 identical, 1 different, 2 unreadable"
-    traces = []
-    for which, p in (('A', a), ('B', b)):
-        try: traces.append(load_trace(p))
-        except Exception as e: return DIFF_UNREADABLE, f"fastrepro diff: cannot read run {which} ({p}): {e}"
-    try: d = first_divergence(*traces, detail=True)
-    except ValueError as e: return DIFF_UNREADABLE, f"fastrepro diff: {e}"
-    if d is None: return DIFF_SAME, _same_text(*traces)
-    return DIFF_DIFFER, f"The runs part at {d}"

@@ -19,17 +19,18 @@ from .data import data_signature
 from .integrity import IntegrityError, zip_records, check_crcs, record_holds, missing_storages
 from .integrity import damage_line
 from .formats import SUMMARIES, UPGRADES
+from .beside import BesideLog, DamagedLogError, MissingLogError
 
 # %% auto #0
 __all__ = ['STATE_KEY', 'FORMAT_VERSION', 'TMP_PREFIX', 'DURABLE', 'BESIDE_BYTES', 'CheckpointError', 'ResumeError',
            'atomic_torch_save', 'CheckpointWriteError', 'write_failure', 'DamagedCheckpointError', 'checked_file',
            'fastai_safe_globals', 'read_checkpoint', 'split_state', 'model_signature', 'check_compatible',
-           'checkpoint_state', 'callback_states', 'to_plain', 'checkpoint_summary', 'checkpoint_info',
+           'checkpoint_state', 'callback_states', 'to_plain', 'beside_logs', 'checkpoint_summary', 'checkpoint_info',
            'checkpoint_upgrade', 'upgrade_state']
 
 # %% ../../nbs/state/08_checkpoint.ipynb #f299278a
 STATE_KEY = '__fastrepro__'   # where fastrepro's state lives inside the optimizer entry
-FORMAT_VERSION = 6            # the checkpoint layout; a change bumps it, and older ones keep loading (`upgrade_state`)
+FORMAT_VERSION = 7            # the checkpoint layout; a change bumps it, and older ones keep loading (`upgrade_state`)
 
 class CheckpointError(RuntimeError):
     "A checkpoint that cannot be used for an exact resume: corrupt, truncated, or from another model or data"
@@ -270,6 +271,7 @@ def save(self:Learner, file, **kwargs):
     "fastai's `Learner.save`; with stateful callbacks attached it stores their state (every rank's), atomically"
     if not _extends(self) or (rank_distrib() and not distributed()): return _fastai_save(self, file, **kwargs)
     file = join_path_file(file, self.path/self.model_dir, ext='.pth')
+    for cb in stateful_cbs(self).filter(lambda o: callable(getattr(o, 'before_save', None))): cb.before_save(file)
     states = gather(callback_states(self))  # in a distributed run, every rank's, on rank 0 (which alone writes)
     if states is not None:
         opt = getattr(self, 'opt', None)
@@ -280,17 +282,39 @@ def save(self:Learner, file, **kwargs):
     distrib_barrier()  # the other ranks return once the file is complete (fastai's `save_model` does not wait)
     return file
 
-def _hand_over(learn, extra, file, notes):
-    "Give each stateful callback its part of `extra` (fastrepro state read from `file`): it keeps it pending"
-    # a reload inside a fit (SaveModelCallback's best model) restores weights, not a resume point
-    if in_fit(learn): return
+def _rank_part(extra:dict) -> dict:
+    "This process's part of the callbacks' states `extra` holds (see `ReproCB`): its rank's, else rank 0's"
+    ranks = [extra['callbacks']] + extra.get('rank_callbacks', [])
+    return ranks[rank_distrib()] if rank_distrib() < len(ranks) else ranks[0]
+
+def beside_logs(states:dict, # callback name -> its state, read from `file` (one rank's part, in the current format)
+                file, # the checkpoint
+               ) -> dict:
+    ("Callback name -> the file of records its state pins beside `file` (`BesideLog`, checked), or the "
+     "`MissingLogError` of one that is not there; a damaged one raises `DamagedCheckpointError`")
+    res = {}
+    for name, st in states.items():
+        pin = st.get('beside') if isinstance(st, dict) else None
+        if pin is None: continue
+        try: res[name] = BesideLog.open(pin, file)
+        except MissingLogError as e: res[name] = e
+        except DamagedLogError as e:
+            raise DamagedCheckpointError(f"{e} {Path(file).name} is refused: resume from an older checkpoint, whose "
+                                         "part of that file is intact.", file, e.path.name, str(e)) from e
+    return res
+
+def _hand_over(learn, saved, file, notes, logs):
+    ("Give each stateful callback its part `saved` of the fastrepro state read from `file`, and the files of records "
+     "it pins (`beside_logs`): it keeps them pending")
     cbs = stateful_cbs(learn)
     for note in notes: warnings.warn(f"{file}: {note}")  # what an older format lacks (`upgrade_state`)
-    ranks = [extra['callbacks']] + extra.get('rank_callbacks', [])
-    saved = ranks[rank_distrib()] if rank_distrib() < len(ranks) else ranks[0]  # this rank's part (see `ReproCB`)
     for cb in cbs:
-        if cb.name in saved: cb.load_state_dict(saved[cb.name])
-        else: warnings.warn(f"{file} holds no state for the attached callback `{cb.name}`; it starts fresh.")
+        if cb.name not in saved:
+            warnings.warn(f"{file} holds no state for the attached callback `{cb.name}`; it starts fresh.")
+            continue
+        cb.load_state_dict(saved[cb.name])
+        after_load = getattr(cb, 'after_load', None)
+        if callable(after_load): after_load(file, logs.get(cb.name))
     missing = set(saved) - set(cbs.attrgot('name'))
     if missing: warnings.warn(f"{file} holds state for callbacks that are not attached: {sorted(missing)}; "
                               "attach them before `load` to resume exactly.")
@@ -318,6 +342,9 @@ def _repro_load(fastai_load, clean_keys=noop):
             return res
         extra, notes = upgrade_state(extra, path, self)
         check_compatible(self, extra, path)
+        # a reload inside a fit (SaveModelCallback's best model) restores weights, not a resume point
+        saved = None if in_fit(self) else _rank_part(extra)
+        logs = None if saved is None else beside_logs(saved, path)  # checked before anything is loaded
         # fastai's load_model does these two steps too; the file is read once here instead of twice
         get_model(self.model).load_state_dict(clean_keys(model_state), strict=strict)
         if ifnone(with_opt, True):
@@ -328,7 +355,7 @@ def _repro_load(fastai_load, clean_keys=noop):
                     raise CheckpointError(f"{path}: its optimizer state does not fit this learner's optimizer ({e}); "
                                           "build the learner with the same `opt_func` and parameter groups, or load "
                                           "with `with_opt=False` (the resume will not be exact).") from e
-        _hand_over(self, extra, path, notes)
+        if saved is not None: _hand_over(self, saved, path, notes, logs)
         return self
     load.__doc__ = f"{fastai_load.__doc__}; with stateful callbacks attached, also hands them their state"
     return load
@@ -357,6 +384,10 @@ def checkpoint_info(path) -> dict:
     res['callbacks'] = sorted(extra['callbacks'])
     for name, state in extra['callbacks'].items():
         if name in _summaries: res.update(_summaries[name](state))
+    parts = [extra['callbacks'], *extra.get('rank_callbacks', [])]
+    logs = [o for part in parts for o in beside_logs(part, path).values()]
+    res['trace_file'] = next((f"missing: {e}" for e in logs if isinstance(e, MissingLogError)),
+                             'intact' if logs else None)
     return res
 
 # %% ../../nbs/state/08_checkpoint.ipynb #67357361

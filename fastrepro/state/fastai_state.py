@@ -13,8 +13,9 @@ from fastai.callback.training import GradientAccumulation
 from .checkpoint import ResumeError
 
 # %% auto #0
-__all__ = ['recorder_state', 'set_recorder_state', 'grad_presence', 'set_grad_presence', 'carried_state', 'set_carried_state',
-           'metric_states', 'set_metric_states', 'fastai_callback_states', 'set_fastai_callback_states']
+__all__ = ['recorder_rows', 'recorder_state', 'logged_rows', 'set_recorder_state', 'grad_presence', 'set_grad_presence',
+           'carried_state', 'set_carried_state', 'metric_states', 'set_metric_states', 'fastai_callback_states',
+           'set_fastai_callback_states']
 
 # %% ../../nbs/state/09_fastai_state.ipynb #046b8959
 def _each(f, o):
@@ -24,20 +25,48 @@ def _each(f, o):
 
 def _detached(o): return _each(lambda t: t.detach().as_subclass(Tensor).cpu().clone(), o)  # on the CPU, a copy
 
-def recorder_state(rec) -> dict:
-    "What fastai's `Recorder` keeps of a fit: the smoothed loss, and per iteration and epoch what it records"
+def recorder_rows(rec, # fastai's Recorder
+                  session:int, # the fit whose rows its lists hold
+                  start:int=0, # the first row to take
+                 ) -> dict:
+    "The Recorder's per-iteration rows (smoothed losses, rates) from `start` on, as a record of `session`'s"
+    return {'session': session, 'start': start,
+            'losses': _detached(torch.stack(rec.losses[start:])) if rec.losses[start:] else torch.zeros(0),
+            'lrs': torch.tensor([float(o) for o in rec.lrs[start:]], dtype=torch.float64)}
+
+def recorder_state(rec, # fastai's Recorder
+                   session:int=0, # the fit whose rows its lists hold (its rows in the trace file are that fit's)
+                   logged:int=0, # how many of its rows the trace file holds already: the state holds the rest
+                  ) -> dict:
+    ("What fastai's `Recorder` keeps of a fit: the smoothed loss, the per-epoch lists, and the per-iteration rows "
+     "from `logged` on (those before are in the trace file, `logged_rows`)")
     sl = rec.smooth_loss
     return {'smooth_count': sl.count, 'smooth_val': _detached(torch.as_tensor(sl.val)),
-            'losses': _detached(torch.stack(rec.losses)) if rec.losses else torch.zeros(0),
-            'lrs': torch.tensor([float(o) for o in rec.lrs], dtype=torch.float64), 'iters': [int(o) for o in rec.iters],
-            'values': [[float(v) for v in vals] for vals in rec.values]}
+            'iters': [int(o) for o in rec.iters], 'values': [[float(v) for v in vals] for vals in rec.values],
+            **recorder_rows(rec, session, logged)}
 
-def set_recorder_state(rec, d:dict, device):
-    "Put `d` (from `recorder_state`) back into `rec`, its tensors on `device`"
+def logged_rows(records:list, # the trace file's records (`BesideLog.records`), oldest first
+                session:int, # the fit whose rows to take
+                end:int, # how many
+               ) -> tuple:
+    "`(losses, lrs)`: the first `end` Recorder rows of `session` that `records` hold (a later record's rows replace)"
+    losses, lrs = [], []
+    for r in records:
+        c = r.get('recorder')
+        if c is None or c['session'] != session: continue
+        del losses[c['start']:], lrs[c['start']:]  # a fit's lists started again (`validate`, `lr_find`) replace
+        losses += list(c['losses']); lrs += c['lrs'].tolist()
+    return losses[:end], lrs[:end]
+
+def set_recorder_state(rec, d:dict, device, # `d`: from `recorder_state`
+                       records:list=(), # the trace file's records, when `d` has rows there (`logged_rows`)
+                      ):
+    "Put `d` back into `rec`, its tensors on `device`: its rows before `d['start']` from `records`"
+    losses, lrs = logged_rows(records, d['session'], d['start']) if d['start'] else ([], [])
     rec.smooth_loss.count, rec.smooth_loss.val = d['smooth_count'], d['smooth_val'].to(device)
-    rec.losses = [o.to(device) for o in d['losses']]
-    rec.lrs, rec.iters = torch.as_tensor(d['lrs'], dtype=torch.float64).tolist(), list(d['iters'])
-    rec.values = [L(v) for v in d['values']]
+    rec.losses = [o.to(device) for o in losses + list(d['losses'])]
+    rec.lrs = lrs + torch.as_tensor(d['lrs'], dtype=torch.float64).tolist()
+    rec.iters, rec.values = list(d['iters']), [L(v) for v in d['values']]
 
 # %% ../../nbs/state/09_fastai_state.ipynb #83984ee2
 def grad_presence(model) -> list:

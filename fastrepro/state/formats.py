@@ -96,6 +96,16 @@ def _repro_from_v3(d:dict, learn:Learner|None) -> tuple:
      "read the entry; a fit resumed from it starts its trackers' runs anew)")
     return {**d, 'provenance': {**d['provenance'], 'entry': None}, 'trackers': None}, []
 
+_TRACE_OWN = ('initial_weights', 'events')  # what a trace keeps inside the checkpoint besides its rows (`Trace`)
+
+def _repro_from_v6(d:dict, learn:Learner|None) -> tuple:
+    ("A format-6 `ReproCB` state in format 7: the trace's rows and the Recorder's were inside the checkpoint, so "
+     "they are all its own (`tail`, from row 0) and it pins no trace file")
+    t, rec = d['trace'], d['recorder']
+    trace = {'tail': {k: v for k, v in t.items() if k not in _TRACE_OWN}, **{k: t[k] for k in _TRACE_OWN if k in t}}
+    return {**d, 'trace': trace, 'beside': None,
+            'recorder': None if rec is None else {**rec, 'session': d['position']['fit'], 'start': 0}}, []
+
 # %% ../../nbs/state/08b_formats.ipynb #a8673e09
 def _loss_scale_summary(state:dict) -> dict:
     "What `checkpoint_info` shows of a `ReproMixedPrecision` state: the mode and the loss scale a resume continues from"
@@ -121,4 +131,5 @@ def _checkpoint_cb_from_v5(d:dict, learn:Learner|None) -> tuple:
 SUMMARIES = {'repro_cb': _repro_summary, 'mixed_precision': _loss_scale_summary,
              'checkpoint_cb': _checkpoint_cb_summary}
 UPGRADES = {('repro_cb', 1): _repro_from_v1, ('repro_cb', 2): _repro_from_v2, ('repro_cb', 3): _repro_from_v3,
+            ('repro_cb', 6): _repro_from_v6,
             ('mixed_precision', 1): _loss_scale_from_v1, ('checkpoint_cb', 5): _checkpoint_cb_from_v5}

@@ -14,6 +14,7 @@ from fastai.callback.schedule import ParamScheduler
 from .core import *
 from .rng import rng_states, restore_rng_states, random_state, set_random_state
 from .checkpoint import *
+from .beside import BesideLog
 from .fastai_state import *
 from .data import data_streams, loader_orders, set_loader_orders
 from .passes import pass_problem, pass_position, resumed_pass_differs
@@ -91,16 +92,25 @@ class ResumePlan:
         position:Position, # where the fit starts
         resumes:bool=False, # the fit continues an interrupted one (else it is a new fit)
         batch:int=0, # the batches of its first epoch that it skips (a resume inside that epoch)
+        log:BesideLog|None=None, # the trace file `state` pins, checked (`beside_logs`)
     ):
-        store_attr('state,position,resumes,batch')
+        store_attr('state,position,resumes,batch,log')
         self.epoch = position.epoch  # the first epoch the fit runs
         self.inside = state['inside'] if batch else None  # restored at the first batch
         self._silenced = []
 
     @classmethod
     def make(cls, state:dict|None, last:Position, learn:Learner, deterministic_data:bool=True,
-             allow_world_size_change:bool=False) -> ResumePlan:
-        "The plan of `learn`'s fit that starts now, after the run stood at `last`, with a loaded `state` (or None)"
+             allow_world_size_change:bool=False, log:BesideLog|None=None) -> ResumePlan:
+        ("The plan of `learn`'s fit that starts now, after the run stood at `last`, with a loaded `state` (or None) "
+         "and the trace file it pins (`log`)")
+        plan = cls._make(state, last, learn, deterministic_data, allow_world_size_change)
+        plan.log = log
+        return plan
+
+    @classmethod
+    def _make(cls, state:dict|None, last:Position, learn:Learner, deterministic_data:bool,
+              allow_world_size_change:bool) -> ResumePlan:
         start, n_epoch = resume_epoch(learn), learn.n_epoch
         pos = None if state is None else state['position']
         # a checkpoint written inside epoch 0 is resumed by the same fit call with start_epoch=0
@@ -148,13 +158,13 @@ class ResumePlan:
 
     def at_first_epoch(self, learn:Learner, trace):
         "Apply, at the first epoch the fit runs, what fastai's `before_fit` events reset (see above)"
-        p, self.state = self.state, None
+        (p, self.state), (log, self.log) = (self.state, None), (self.log, None)
         if p is None: return
-        trace.load_state_dict(p['trace'])
+        trace.load_state_dict(p['trace'], log)
         set_grad_presence(learn.model, p['grad_present'])
         if not self.resumes: return  # a new fit: a fresh Recorder, iterations from 0
         if p['recorder'] is not None and hasattr(learn, 'recorder'):
-            set_recorder_state(learn.recorder, p['recorder'], learn.dls.device or 'cpu')
+            set_recorder_state(learn.recorder, p['recorder'], learn.dls.device or 'cpu', log.records() if log else [])
         learn.train_iter = p['position']['train_iter']
         if 'loader_orders' in p: set_loader_orders(learn.dls, p['loader_orders'])
         set_fastai_callback_states(learn, p['fastai_callbacks'])
@@ -215,6 +225,7 @@ def end_state(learn:Learner, # the learner, after its fit, or after its last epo
 def restore_end(learn:Learner, # the learner that loaded the checkpoint
                 state:dict, # the checkpoint's `ReproCB` state (`end`, `recorder`, `grad_present`, `fastai_callbacks`)
                 file=None, # the checkpoint, for the message
+                log:BesideLog|None=None, # the trace file `state` pins, checked (`beside_logs`)
                ):
     "Put `learn` where the fit that wrote `state` left it, as if that fit had just returned"
     end = state.get('end')
@@ -232,7 +243,7 @@ def restore_end(learn:Learner, # the learner that loaded the checkpoint
     set_grad_presence(learn.model, state['grad_present'])
     rec = getattr(learn, 'recorder', None)
     if rec is not None and state['recorder'] is not None:
-        set_recorder_state(rec, state['recorder'], device)
+        set_recorder_state(rec, state['recorder'], device, log.records() if log else [])
         if rec.values: learn.final_record = rec.values[-1].copy()
     set_fastai_callback_states(learn, state['fastai_callbacks'])
 
