@@ -40,6 +40,8 @@ from .experiments.sweep import repeat, pinned, SweepError, WorkerError
 from .check.reproduce import reproduce, trust_checkpoint, NotTrustedError
 from .check.verdict import Reproduction
 from .check.rebuild import ReproduceError
+from .check.localise import audit_step, localise_step  # its sides (`threads`, `hypers`, ...) stay there
+from .check.where import where_runs_part
 
 # %% ../nbs/99_all.ipynb #d209bc32
 # nbdev writes an empty `__all__` for a module that defines nothing: the namespace is every name imported above

@@ -6,7 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/cli.html.md"""
 
 # %% ../nbs/90_cli.ipynb #708bb02d
 from __future__ import annotations
-import sys, json, argparse, warnings, contextlib
+import sys, json, argparse, warnings, importlib, contextlib
 import numpy as np, pandas as pd
 from fastcore.basics import *
 from pathlib import Path
@@ -206,13 +206,28 @@ def compare_command(args):
     if args.fail_on_regression and r.verdict == 'regression': return EXIT_REGRESSION
 
 # %% ../nbs/90_cli.ipynb #817c3b18
+def _named_function(spec:str):
+    "The function `MODULE:FUNCTION` names, its module imported from the working directory"
+    mod, _, name = spec.partition(':')
+    if not (mod and name): raise CLIError(f"--learner takes MODULE:FUNCTION (e.g. train:where), got {spec!r}.")
+    sys.path.insert(0, str(Path.cwd()))
+    try: return getattr(importlib.import_module(mod), name)
+    except (ImportError, AttributeError) as e: raise CLIError(f"--learner {spec}: {e}") from e
+
 @command('diff', arg('a', help='trace file (save_trace) or fastrepro checkpoint of run A'),
-         arg('b', help='trace file or checkpoint of run B'))
+         arg('b', help='trace file or checkpoint of run B'),
+         arg('--learner', metavar='MODULE:FUNCTION', help="two runs' checkpoints of this machine that part: where "
+             "in the step, each run resumed from a checkpoint they share; FUNCTION() returns (make_learner, fit) "
+             "as `where_runs_part` takes them"))
 def diff_command(args):
     "Find the first iteration where two runs part (exit code 0: identical, 1: different, 2: unreadable)"
-    with _library_imports(): from fastrepro.record.divergence import fastrepro_diff, DIFF_UNREADABLE  # this command's
+    with _library_imports(): from fastrepro.record.divergence import fastrepro_diff, DIFF_UNREADABLE, DIFF_DIFFER
     code, text = fastrepro_diff(args.a, args.b)
     print(text, file=sys.stderr if code == DIFF_UNREADABLE else sys.stdout)
+    if code == DIFF_DIFFER and args.learner:
+        with _library_imports(): from fastrepro.check.where import where_runs_part  # runs the user's own code
+        make_learner, fit = _named_function(args.learner)()
+        print(f"Where in the step: {where_runs_part(make_learner, args.a, args.b, fit)}")
     return code
 
 # %% ../nbs/90_cli.ipynb #e3a1c002

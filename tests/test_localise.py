@@ -71,3 +71,49 @@ def test_without_where_nothing_is_localised(trained, tmp_path, monkeypatch):
     r = reproduce(trained, tmp_path/'out', env=TWO_THREADS, show=False, timeout=REPRODUCE_TIMEOUT_S, where=False)
     assert r.exit_code == EXIT_PARTS and r.where is None and 'where in the step' not in r.verdict, r.verdict
     assert not (tmp_path/'out'/WHERE_NAME).exists()
+
+
+RUNS = '''"Two runs of one regression with other learning rates, each keeping its checkpoints; `where` for the CLI"
+import sys
+from fastai.basics import *
+from fastai.test_utils import synth_learner
+from fastrepro.all import ReproCB, CheckpointCB, seed_everything
+
+LRS = {'A': 1e-2, 'B': 2e-2}
+
+def make_learner(folder='replay'):
+    seed_everything(0)
+    model = nn.Sequential(nn.Linear(1, 16), nn.ReLU(), nn.Linear(16, 1))
+    return synth_learner(path=folder, model=model, cbs=ReproCB(seed=1, allow_dirty=True))
+
+def fit(lr): return lambda learn, start_epoch: learn.fit(1, lr, start_epoch=start_epoch)
+
+def where(): return make_learner, (fit(LRS['A']), fit(LRS['B']))
+
+if __name__ == '__main__':
+    run = sys.argv[1]
+    learn = make_learner(run)
+    learn.add_cb(CheckpointCB(every_iters=2, keep=10))
+    learn.checkpoint_cb.save()  # before the fit, where both runs start alike
+    with learn.no_bar(), learn.no_logging(): fit(LRS[run])(learn, 0)
+'''
+
+
+def test_diff_names_the_optimizer_step_of_two_runs(tmp_path):
+    "`fastrepro diff A B --learner runs:where`: two runs of this machine with other learning rates part in the update"
+    root = _repo(tmp_path/'proj', {'runs.py': RUNS, '.gitignore': '__pycache__/\n/A/\n/B/\n/replay/\n'})
+    for run in 'AB':
+        p = subprocess.run([sys.executable, 'runs.py', run], cwd=root, env=_env(), capture_output=True, text=True,
+                           timeout=RUN_TIMEOUT_S)
+        assert p.returncode == 0, p.stderr[-3000:]
+    p = subprocess.run([sys.executable, '-m', 'fastrepro.cli', 'diff', 'A/models/checkpoint.pth',
+                        'B/models/checkpoint.pth', '--learner', 'runs:where'], cwd=root, env=_env(),
+                       capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert p.returncode == 1, p.stderr[-3000:]
+    assert p.stdout.startswith('The runs part at fit 0, epoch 0, iteration 0'), p.stdout
+    assert ("Where in the step: `0` (Linear) optimizer update of `weight` differs first (shape (16, 1), float32"
+            in p.stdout and 'at fit 0, iteration 0 when run A (A/checkpoint.' in p.stdout), p.stdout
+    p = subprocess.run([sys.executable, '-m', 'fastrepro.cli', 'diff', 'A/models/checkpoint.pth',
+                        'B/models/checkpoint.pth', '--learner', 'runs'], cwd=root, env=_env(),
+                       capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert p.returncode == 2 and 'takes MODULE:FUNCTION' in p.stderr and 'Traceback' not in p.stderr, p.stderr
