@@ -15,12 +15,12 @@ from ..state.checkpoint import *
 from ..state.formats import pack_git, pack_entry
 from ..record.trust import signature_or_none
 from ..state.resume import Position, ResumePlan, inside_state, end_state, restore_end
-from ..state.fastai_state import recorder_state, recorder_rows, grad_presence, fastai_callback_states
-from ..state.beside import BesideLog, MissingLogError, beside_path
+from ..state.fastai_state import recorder_state, grad_presence, fastai_callback_states
+from ..state.beside import BesideLog, MissingLogError
 from ..state.data import make_deterministic, undo_deterministic, set_epoch, loader_orders
 from ..state.distrib import world_size
 from ..state.audit import audit_fit, audit_resume, Findings
-from ..record.trace import Trace, TRACE_EVERY, INITIAL_WEIGHTS, GAP, state_digest, gap_end, compact_trace
+from ..record.trace import Trace, TraceFile, TRACE_EVERY, INITIAL_WEIGHTS, state_digest
 from ..state.environment import environment_info
 from ..record.provenance import run_provenance, git_info, check_ranks_agree, written_since
 from ..experiments.ledger import Ledger
@@ -199,8 +199,7 @@ class ReproCB(Callback):
         self.trackers, self.start = FitTrackers(), FitStart()  # TensorBoard, W&B, MLflow, CSV logs; the first weights
         self.position, self.plan, self.active, self.cancelled = Position(), None, False, False  # where the run stands
         self.pending = self._train_end = None  # a loaded checkpoint, until a fit takes it; generators as training ended
-        self.pending_log = None  # the trace file the pending checkpoint pins, checked
-        self._rec_lists, self._rec_logged = None, 0  # the Recorder's lists the trace file has rows of, and how many
+        self.trace_file = TraceFile(self.trace)  # the trace's and the Recorder's rows beside the checkpoints
     def after_create(self): self.start.created(self.learn)
     def before_fit(self):
         self.active = training_fit(self.learn)
@@ -208,8 +207,8 @@ class ReproCB(Callback):
         if self.seed is None: self.seed = _drawn_seed()
         self.switches.pin_kernels()  # before anything reads the environment
         self.plan = ResumePlan.make(self.pending, self.position, self.learn, self.deterministic_data,
-                                    self.allow_world_size_change, self.pending_log)
-        self.position, self.pending, self.pending_log, self.cancelled = self.plan.position, None, None, False
+                                    self.allow_world_size_change, self.trace_file.loaded)
+        self.position, self.pending, self.trace_file.loaded, self.cancelled = self.plan.position, None, None, False
         self.provenance.take_code(self.learn)  # refuses a dirty tree
         self.switches.on()
         self.provenance.audit(self.learn, self.plan.resumed)
@@ -269,58 +268,20 @@ class ReproCB(Callback):
         return self.pending if self.pending is not None else repro_state(self)  # loaded, not fitted since: the same
     def load_state_dict(self, d:dict):
         "Keep a checkpoint's state pending: the next fit makes its resume plan from it"
-        self.seed, self.pending, self.pending_log = _loaded_seed(self.seed, d), d, None
+        self.seed, self.pending, self.trace_file.loaded = _loaded_seed(self.seed, d), d, None
     def after_load(self, file, log:BesideLog|MissingLogError|None):
-        ("Keep the trace file the loaded checkpoint `file` pins (`beside_logs`) with its state; without the file the "
-         "trace restarts after a gap, and the Recorder holds the fit's rows from the checkpoint on")
-        self.pending_log = log if isinstance(log, BesideLog) else None
-        if isinstance(log, MissingLogError):
-            warnings.warn(f"{log} The run continues from the checkpoint: its trace has a gap before it, which "
-                          "`first_divergence` shows, and the Recorder lacks the fit's rows before it.")
-            st = self.pending
-            self.pending = {**st, 'beside': None, 'trace': {**st['trace'], GAP: st['trace'].get(GAP) or gap_end(st)}}
+        "Keep the trace file the loaded checkpoint `file` pins (`beside_logs`) with its state (`TraceFile.load`)"
+        self.pending = self.trace_file.load(self.pending, log)
     def before_save(self, file):
         "Append the trace's and the Recorder's rows since the last save to the trace file beside checkpoint `file`"
-        if self.pending is not None: return self._pin_pending(file)
-        rows = self._recorder_rows()
-        try: self.trace.spool(beside_path(file, self.trace.run, rank_distrib()), rows and {'recorder': rows}, DURABLE)
-        except OSError as e:
-            warnings.warn(f"ReproCB: the trace file beside {file} could not be written ({e}); the checkpoint holds "
-                          "the whole trace and the Recorder's rows instead.")
-            self.trace.inline(); self._rec_lists = None
-            return
-        if rows is not None:
-            self._rec_lists, self._rec_logged = self.learn.recorder.losses, rows['start'] + len(rows['lrs'])
-    def _logged(self, rec) -> int:
-        "How many of the Recorder's rows the trace file holds"
-        return self._rec_logged if rec.losses is self._rec_lists else 0
-    def _recorder_rows(self) -> dict|None:
-        "The Recorder's rows the trace file lacks (a fit's new lists: all of them); None when it lacks none"
-        rec = getattr(self.learn, 'recorder', None)
-        if rec is None or not hasattr(rec, 'lrs'): return None
-        start = self._logged(rec)
-        if rec.losses is self._rec_lists and start == len(rec.losses): return None
-        return recorder_rows(rec, self.position.fit, start)
-    def _pin_pending(self, file):
-        ("A checkpoint written while a loaded one is pending holds its state: its trace file (with the rows the "
-         "loaded one held itself, all of them from format 6) goes beside `file` too")
-        st, log = self.pending, self.pending_log
-        run = log.run if log is not None else self.trace.run
-        target = beside_path(file, run, rank_distrib())
-        if log is not None and log.path == target: return
-        rec, own = st['recorder'], {'trace': st['trace']['tail']}
-        if rec is not None: own['recorder'] = {k: rec[k] for k in ('session', 'start', 'losses', 'lrs')}
-        self.pending_log = BesideLog.create(target, run, (log.records() if log is not None else []) + [own], DURABLE)
-        self.pending = {**st, 'beside': self.pending_log.pin(),
-                        'trace': {**st['trace'], 'tail': compact_trace(*[()] * 4)},
-                        'recorder': rec and {**rec, 'start': rec['start'] + len(rec['lrs']), 'losses': torch.zeros(0),
-                                             'lrs': torch.zeros(0, dtype=torch.float64)}}
+        if self.pending is not None: self.pending = self.trace_file.pin_loaded(self.pending, file)
+        else: self.trace_file.save(file, getattr(self.learn, 'recorder', None), self.position.fit)
     def end_loaded_fit(self, file=None):
         "Put the learner where the fit of the checkpoint it loaded (`file`) ended: a rerun that skips that fit"
         st = self.pending
         if st is None: raise ResumeError("No checkpoint is loaded: `learn.load` the fit's end state first.")
-        restore_end(self.learn, st, file, self.pending_log)
-        self.trace.load_state_dict(st['trace'], self.pending_log)
+        restore_end(self.learn, st, file, self.trace_file.loaded)
+        self.trace.load_state_dict(st['trace'], self.trace_file.loaded)
         self.position = Position(**{k: st['position'][k] for k in ('fit', 'n_epoch', 'epoch', 'batch')})
     def note(self, event:str):
         "Record `event` (what went wrong, e.g. a checkpoint not written) in the trace, at this iteration, and ledger"
@@ -330,8 +291,9 @@ class ReproCB(Callback):
 def repro_state(cb:ReproCB) -> dict:
     "ReproCB's part of a checkpoint written now: where the run stands and what a fit that resumes it needs"
     learn, rec = cb.learn, getattr(cb.learn, 'recorder', None)
+    rec_state = recorder_state(rec, cb.position.fit, cb.trace_file.logged(rec)) if hasattr(rec, 'lrs') else None
     res = dict(seed=cb.seed, position=cb.position.state_dict(learn), grad_present=grad_presence(learn.model),
-               recorder=recorder_state(rec, cb.position.fit, cb._logged(rec)) if hasattr(rec, 'lrs') else None,
+               recorder=rec_state,
                trace=cb.trace.state_dict(), beside=cb.trace.log and cb.trace.log.pin(),
                provenance=cb.provenance.state(), ledger_run=cb.record.run_id,
                trackers=cb.trackers.state(), fastai_callbacks=fastai_callback_states(learn), world_size=world_size())

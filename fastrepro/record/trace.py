@@ -6,16 +6,17 @@ Docs: https://fastrepro.github.io/fastrepro/record/trace.html.md"""
 
 # %% ../../nbs/record/03_trace.ipynb #3c1dccad
 from __future__ import annotations
-import uuid, pickle, zipfile, hashlib
+import uuid, pickle, zipfile, hashlib, warnings
 from fastai.basics import *
 from ..state.checkpoint import atomic_torch_save, read_checkpoint, split_state, upgrade_state
-from ..state.beside import BesideLog, MissingLogError, MAGIC
-from ..state.fastai_state import logged_rows
+from ..state.beside import BesideLog, MissingLogError, MAGIC, beside_path
+from ..state.fastai_state import logged_rows, recorder_rows
+from ..state.checkpoint import DURABLE
 
 # %% auto #0
 __all__ = ['TRACE_EVERY', 'TRACE_KEYS', 'TRACE_COLUMNS', 'INITIAL_WEIGHTS', 'GAP', 'NORM_PREFIX', 'TRACE_FORMAT', 'TRACE_VERSION',
            'norm_columns', 'Trace', 'compact_trace', 'expand_segments', 'joined_trace', 'trace_frame', 'compact_frame',
-           'save_trace', 'gap_end', 'whole_state', 'compact_of', 'load_trace', 'state_digest']
+           'TraceFile', 'save_trace', 'gap_end', 'whole_state', 'compact_of', 'load_trace', 'state_digest']
 
 # %% ../../nbs/record/03_trace.ipynb #89aeda15
 TRACE_EVERY = 10  # record the parameter norms every N training iterations (0: losses only)
@@ -205,6 +206,65 @@ def compact_frame(trace:pd.DataFrame) -> dict:
     return compact_trace(trace.fit, trace.epoch, trace.iter, _exact_float32(trace.loss, 'loss column'),
                          [c[len(NORM_PREFIX):] for c in cols], rows, norms[rows] if cols else [],
                          trace.attrs.get(INITIAL_WEIGHTS), trace.attrs.get(GAP))
+
+# %% ../../nbs/record/03_trace.ipynb #9e338ba4
+class TraceFile:
+    ("A run's trace file beside its checkpoints: what a save appends (the trace's and the Recorder's rows since the "
+     "last one), and the file a loaded checkpoint pins until a fit takes it")
+    def __init__(self, trace:Trace):
+        self.trace, self.loaded = trace, None  # `loaded`: the pending checkpoint's file, checked (`beside_logs`)
+        self._rec_lists, self._rec_logged = None, 0  # the Recorder's lists the file has rows of, and how many
+
+    def logged(self, rec) -> int:
+        "How many of the Recorder's rows `rec.losses` the file holds"
+        return self._rec_logged if rec.losses is self._rec_lists else 0
+
+    def _recorder_rows(self, rec, session:int) -> dict|None:
+        "The Recorder's rows the file lacks (a fit's new lists: all of them); None when it lacks none"
+        if rec is None or not hasattr(rec, 'lrs'): return None
+        start = self.logged(rec)
+        if rec.losses is self._rec_lists and start == len(rec.losses): return None
+        return recorder_rows(rec, session, start)
+
+    def save(self, file, # the checkpoint being written
+             rec, # fastai's Recorder (None: not attached)
+             session:int, # the fit whose rows the Recorder holds
+            ):
+        "Append the trace's and the Recorder's new rows to the run's file beside `file`; inside it where it fails"
+        rows = self._recorder_rows(rec, session)
+        try: self.trace.spool(beside_path(file, self.trace.run, rank_distrib()), rows and {'recorder': rows}, DURABLE)
+        except OSError as e:
+            warnings.warn(f"ReproCB: the trace file beside {file} could not be written ({e}); the checkpoint holds "
+                          "the whole trace and the Recorder's rows instead.")
+            self.trace.inline(); self._rec_lists = None
+            return
+        if rows is not None: self._rec_lists, self._rec_logged = rec.losses, rows['start'] + len(rows['lrs'])
+
+    def load(self, state:dict, # a loaded checkpoint's `ReproCB` state
+             log:BesideLog|MissingLogError|None, # the file it pins (`beside_logs`)
+            ) -> dict:
+        "Keep `log` with `state`; without the file, `state` with a gap where its rows were (said): what stays pending"
+        self.loaded = log if isinstance(log, BesideLog) else None
+        if not isinstance(log, MissingLogError): return state
+        warnings.warn(f"{log} The run continues from the checkpoint: its trace has a gap before it, which "
+                      "`first_divergence` shows, and the Recorder lacks the fit's rows before it.")
+        return {**state, 'beside': None, 'trace': {**state['trace'], GAP: state['trace'].get(GAP) or gap_end(state)}}
+
+    def pin_loaded(self, state:dict, # the pending checkpoint's `ReproCB` state, written again as `file`
+                   file,
+                  ) -> dict:
+        ("`state` pinning a file beside `file`: the loaded one's, or one started with its rows and the rows `state` "
+         "held itself (all of them, from format 6)")
+        log = self.loaded
+        run = log.run if log is not None else self.trace.run
+        target = beside_path(file, run, rank_distrib())
+        if log is not None and log.path == target: return state
+        rec, own = state['recorder'], {'trace': state['trace']['tail']}
+        if rec is not None: own['recorder'] = {k: rec[k] for k in ('session', 'start', 'losses', 'lrs')}
+        self.loaded = BesideLog.create(target, run, (log.records() if log is not None else []) + [own], DURABLE)
+        return {**state, 'beside': self.loaded.pin(), 'trace': {**state['trace'], 'tail': compact_trace(*[()] * 4)},
+                'recorder': rec and {**rec, 'start': rec['start'] + len(rec['lrs']), 'losses': torch.zeros(0),
+                                     'lrs': torch.zeros(0, dtype=torch.float64)}}
 
 # %% ../../nbs/record/03_trace.ipynb #79df2ab8
 TRACE_FORMAT, TRACE_VERSION = 'fastrepro.trace', 3  # what a trace file says it is; 2: initial weights, 3: a gap
