@@ -1,4 +1,4 @@
-"""Benchmark 11: a checkpoint's size and save time as the run grows (issue 52).
+"""Benchmark 12: a checkpoint's size and save time as the run grows (issue 52).
 
 A model with 160 parameter tensors (80 small linear layers) and `ReproCB`, whose run has trained N iterations: the
 N - `SAVE_EVERY` iterations before the last checkpoint are simulated (their rows appended to the run's trace file as
@@ -121,13 +121,13 @@ def run(cfg:Config) -> list:
         note = (f"trace file {r['trace_file']/2**20:.1f} MB; the trace holds {r['held']/2**10:.0f} KB in memory "
                 f"after {SAVE_EVERY} iterations; inside the checkpoint (format 6): {r['inside_size']/2**20:.2f} MB, "
                 f"save {r['inside_save']*1e3:.0f} ms, the trace held {r['inside_held']/2**20:.0f} MB in memory")
-        rows.append(Row('11 growth', f'{n:,} iterations, 160 parameter tensors: checkpoint size', 'KB',
+        rows.append(Row('12 growth', f'{n:,} iterations, 160 parameter tensors: checkpoint size', 'KB',
                         r['size'] / 2**10, note=note))
-        rows.append(Row('11 growth', f'{n:,} iterations: save time (append + checkpoint)', 'ms', r['save'] * 1e3,
+        rows.append(Row('12 growth', f'{n:,} iterations: save time (append + checkpoint)', 'ms', r['save'] * 1e3,
                         note=f"Trace.record {r['record']*1e6:.1f} us per iteration"))
     for what, key in (('checkpoint size', 'size'), ('save time', 'save')):
         ratio = res[large][key] / res[small][key]
-        rows.append(Row('11 growth', f'{what}, {large:,} vs {small:,} iterations', 'x', ratio, ratio=ratio,
+        rows.append(Row('12 growth', f'{what}, {large:,} vs {small:,} iterations', 'x', ratio, ratio=ratio,
                         ratio_lo=ratio, ratio_hi=ratio,
                         target=f'constant within {GROWTH_TARGET - 1:.0%}', met=None if cfg.quick else
                         ratio <= GROWTH_TARGET))

@@ -19,7 +19,7 @@ def test_bench_quick(tmp_path, fastai_home):
     assert len(RATIO.findall(r.stdout)) >= 10, f"too few ratios printed:\n{r.stdout[-3000:]}"
     res = json.loads((tmp_path/'results.json').read_text())
     assert not res['errors'] and res['config']['quick']
-    assert {row['bench'].split()[0] for row in res['rows']} == {'1', '2', '3', '3b', '4', '5', '6', '7', '8', '9', '11'}
+    assert {row['bench'].split()[0] for row in res['rows']} == {'1', '2', '3', '3b', '4', '5', '6', '7', '8', '9', '12'}
     md = (tmp_path/'RESULTS.md').read_text()
     assert '<!-- bench:begin -->' in md and 'ratio B/A' in md
     scratch = tmp_path/'out'  # checkpoints and ledgers go under --out, not into bench/
