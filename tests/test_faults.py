@@ -279,7 +279,9 @@ def test_periodic_checkpoints_on_full_disk(tmpfs, tmp_path):
     def full(l): fill(tmpfs)
     def keep_newest(l):  # the newest usable checkpoint while the saves fail
         kept.update(info=checkpoint_info(tmpfs/'models'/'checkpoint.pth'))
-        (tmp_path/'models').mkdir(); shutil.copy(tmpfs/'models'/'checkpoint.pth', tmp_path/'models')
+        (tmp_path/'models').mkdir()
+        for f in (tmpfs/'models').glob('checkpoint.*'):  # with the trace file beside it, as a checkpoint is moved
+            if f.suffix in ('.pth', '.trace'): shutil.copy(f, tmp_path/'models')
     def free(l): (tmpfs/'filler').unlink()
     cbs = [CheckpointCB(every_iters=4), At(full, it=5), At(keep_newest, it=11), At(free, it=13)]
     learn = learner(tmpfs, *cbs, ledger=tmp_path/'runs.db')
