@@ -11,7 +11,7 @@ from test_reproduce import _repo, _env, TWO_THREADS
 from fastrepro.check.reproduce import reproduce
 from fastrepro.check.rebuild import EXIT_PARTS
 from fastrepro.check.rerun import _threads
-from fastrepro.check.localise import WHERE_NAME
+from fastrepro.check.where import WHERE_NAME
 
 pytestmark = pytest.mark.slow  # trains and re-runs in fresh processes: the inner loop (-m "not slow") skips it
 
@@ -117,3 +117,17 @@ def test_diff_names_the_optimizer_step_of_two_runs(tmp_path):
                         'B/models/checkpoint.pth', '--learner', 'runs'], cwd=root, env=_env(),
                        capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert p.returncode == 2 and 'takes MODULE:FUNCTION' in p.stderr and 'Traceback' not in p.stderr, p.stderr
+
+
+def test_other_kernels_part_and_a_process_per_side_names_the_layer(trained, tmp_path, monkeypatch):
+    "MKL's AVX2 code path asked of the re-run: a re-run per side, the recorded one without it, localise the step"
+    monkeypatch.setenv('PYTHONPATH', str(Path(__file__).resolve().parents[1]))
+    r = reproduce(trained, tmp_path/'out', env={'MKL_ENABLE_INSTRUCTIONS': 'AVX2'}, show=False,
+                  timeout=REPRODUCE_TIMEOUT_S)
+    if r.exit_code != EXIT_PARTS: pytest.skip(f"MKL's AVX2 path gives this CPU's bits: {r.verdict}")
+    w = r.where
+    assert (w['event']['module'], w['event']['kind'], w['event']['pass_']) == ('body.0', 'Linear', 'forward'), w
+    assert w['sides'] == ['MKL_ENABLE_INSTRUCTIONS=(unset)', 'MKL_ENABLE_INSTRUCTIONS=AVX2'], w
+    assert w['first_op'] == 'aten.addmm' and w['where'] == 'at fit 0, iteration 0', w
+    assert 'pin them on every machine' in w['text'] and w['text'] in r.verdict, r.verdict
+    assert {f'where-{i}.json' for i in (0, 1)} <= {p.name for p in (tmp_path/'out').iterdir()}

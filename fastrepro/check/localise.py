@@ -20,10 +20,10 @@ from ..record.trace import state_digest
 from .rebuild import EXIT_REPRODUCED
 
 # %% auto #0
-__all__ = ['STEP_PASSES', 'MODEL_NAME', 'LOSS_NAME', 'THREADS_HINT', 'HYPERS_HINT', 'AUDIT_HINT', 'SWITCHES_HINT', 'WHERE_NAME',
+__all__ = ['STEP_PASSES', 'MODEL_NAME', 'LOSS_NAME', 'THREADS_HINT', 'HYPERS_HINT', 'AUDIT_HINT', 'SWITCHES_HINT',
            'tensor_digest', 'StepEvent', 'OpDigests', 'StepProbe', 'module_attributes', 'StepState', 'Side', 'threads',
            'hypers', 'switches', 'as_is', 'SideBySide', 'StepDivergence', 'localise', 'localise_step', 'audit_step',
-           'combine', 'env_settings', 'unplayable', 'env_side', 'WhereCB']
+           'combine']
 
 # %% ../../nbs/check/06_localise.ipynb #dd293e30
 STEP_PASSES = ('forward', 'backward', 'grad', 'step')  # the order of a training step's passes
@@ -168,6 +168,8 @@ HYPERS_HINT = "the optimizer's hyper-parameters differ: the update is the first 
 AUDIT_HINT = ("a nondeterministic operation (an unseeded generator, atomic adds, a parallel reduction in a varying "
               "order): `seed_everything(seed, deterministic=True)` makes torch raise on those it knows")
 
+SWITCHES_HINT = "the deterministic switches differ: set them in one place for every run (`seed_everything`)"
+
 class Side:
     "A setting one side of a step runs under: its name, a context manager given the learner, what fixes it"
     def __init__(self, name:str, # how the verdict names it, e.g. '1 thread'
@@ -209,8 +211,7 @@ def _switches(kw:dict):
 
 def switches(**kw) -> Side:
     "The step with the deterministic switches `kw` (`deterministic_switches`' names, e.g. `mkldnn=False`)"
-    return Side(', '.join(f'{k}={v}' for k, v in kw.items()), lambda learn: _switches(kw),
-                "the deterministic switches differ: record and set them in one place (`seed_everything`)")
+    return Side(', '.join(f'{k}={v}' for k, v in kw.items()), lambda learn: _switches(kw), SWITCHES_HINT)
 
 def as_is() -> Side:
     "The step as this process runs it"
@@ -386,9 +387,7 @@ def audit_step(learn:Learner,
     run = SideBySide(learn, (as_is(), as_is()), batch)
     return localise(run, run.sides, AUDIT_HINT, where)
 
-# %% ../../nbs/check/06_localise.ipynb #730f9b2e
-SWITCHES_HINT = "the deterministic switches differ: set them in one place for every run (`seed_everything`)"
-
+# %% ../../nbs/check/06_localise.ipynb #6c958ba3
 def combine(*sides:Side) -> Side:
     "One side that sets each of `sides`"
     def ctx(learn):
@@ -398,49 +397,3 @@ def combine(*sides:Side) -> Side:
     named = [s for s in sides if s.name]
     return Side(', '.join(s.name for s in named) or 'as it is', ctx, next((s.hint for s in named if s.hint), ''))
 
-def env_settings(env:dict, # an `environment_info` (recorded, or a re-run's)
-                ) -> dict:
-    "What of an environment one process can play: its thread count and its deterministic switches"
-    sw, known = env.get('switches') or {}, deterministic_switches()
-    return dict(num_threads=env['num_threads'], switches={k: sw[k] for k in known if k in sw})
-
-def _playable(field:str, recorded, here) -> bool:
-    section, _, name = field.partition('.')
-    return (field == 'num_threads' or (section == 'switches' and name in deterministic_switches())
-            or (field == 'cpu_kernels.onednn' and 'off' in (recorded, here)))  # oneDNN off: the `mkldnn` switch
-
-def unplayable(diffs:list, # `env_differences` of the recorded environment and this one
-              ) -> list:
-    "The fields of the differences that change bits and that one process cannot play (versions, CPU, kernels)"
-    return [d['field'] for d in diffs if d['bits'] and not _playable(d['field'], d['recorded'], d['here'])]
-
-def env_side(settings:dict, # `env_settings` of one side
-             other:dict, # the other side's: only what differs is named
-            ) -> Side:
-    "The side that plays `settings`: its thread count and deterministic switches"
-    sw = {k: v for k, v in settings['switches'].items() if other['switches'].get(k) != v}
-    n = settings['num_threads']
-    return combine(threads(n) if n != other['num_threads'] else Side('', lambda learn: _threads(n)),
-                   *([switches(**sw)] if sw else []))
-
-# %% ../../nbs/check/06_localise.ipynb #09cfcc53
-WHERE_NAME = 'where.json'  # what the re-run that localises writes beside the report
-
-class WhereCB(Callback):
-    ("In a `reproduce` re-run: at the iteration where the runs part, localise its step between the recorded settings "
-     "and this machine's (`localise_step`), write the answer, end the process")
-    order = 100  # after the callbacks that set a step up (schedulers, autocast)
-    target = None  # where every WhereCB built without a target localises: set by `stop_at`, in the re-run's runner
-    def __init__(self, target:dict|None=None): # fit, iteration, model, recorded, here, out
-        self.target, self.model = target or WhereCB.target, None
-
-    def before_fit(self): self.model = model_signature(self.learn.model)['digest'] if training_fit(self.learn) else None
-
-    def before_batch(self):
-        t, cb = self.target, getattr(self.learn, 'repro_cb', None)
-        if not self.training or cb is None or not cb.active or self.model != t['model']: return
-        if (cb.position.fit, self.learn.train_iter) != (t['fit'], t['iteration']): return
-        a, b = env_side(t['recorded'], t['here']), env_side(t['here'], t['recorded'])
-        res = localise_step(self.learn, a, b, where=f"at fit {t['fit']}, iteration {t['iteration']}")
-        if rank_distrib() == 0: Path(t['out']).write_text(json.dumps(res.to_dict(), default=str))
-        raise SystemExit(EXIT_REPRODUCED)

@@ -18,16 +18,15 @@ from ..record.trust import record_problem, entry_problem, is_trusted, trust_run,
 from ..callback.preempt import POSITION_KEYS, manifest_path, read_manifest, manifest_key
 from .rebuild import ReproduceError, EXIT_REPRODUCED, EXIT_PARTS, _record, _git, code_root, code_worktree
 from .rebuild import _interruptible
-from .rerun import rerun_env, _expected_env, rerun_command, run_to_position, _tail
+from .rerun import rerun_env, _expected_env, rerun_command, run_to_position, _tail, where_in_step
 from .verdict import env_differences, prediction, compare_states, compare_digests, verdict, Reproduction
 from .verdict import _quantity, _data
-from .localise import WHERE_NAME, env_settings, unplayable
+from .where import WHERE_NAME
 
 # %% auto #0
-__all__ = ['MAX_CANDIDATES', 'STOP_NAME', 'WHERE_TIMEOUT_S', 'WHERE_STOP', 'RUN_FIELDS', 'PLACEHOLDER_WT', 'ledger_checkpoint',
-           'record_reproduction', 'reproduce', 'where_in_step', 'NotTrustedError', 'patch_stat', 'commit_files',
-           'carried_code', 'trust_checkpoint', 'plan_lines', 'kept_checkpoints', 'segment_plan', 'reproduce_segments',
-           'segments_verdict']
+__all__ = ['MAX_CANDIDATES', 'STOP_NAME', 'RUN_FIELDS', 'PLACEHOLDER_WT', 'ledger_checkpoint', 'record_reproduction', 'reproduce',
+           'NotTrustedError', 'patch_stat', 'commit_files', 'carried_code', 'trust_checkpoint', 'plan_lines',
+           'kept_checkpoints', 'segment_plan', 'reproduce_segments', 'segments_verdict']
 
 # %% ../../nbs/check/04_reproduce.ipynb #a1700046
 MAX_CANDIDATES = 1000  # files read when looking for a ledger run's checkpoint: a project's models, not a data lake
@@ -185,32 +184,6 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
     for line in res.trackers: _say(show, f"verdict {line}")
     _say(show, f"{text} (report in {out})")
     return res
-
-WHERE_TIMEOUT_S = 600  # the re-run that localises where the step parts: at most this long unless timeout= says
-WHERE_STOP = 'where-stop.json'  # its runner's target, beside the report
-
-def where_in_step(root:Path, git:dict, info:dict, # the repository, the checkpoint's git record and summary
-                  pos:dict, parts:dict, # the checkpoint's position; where the runs part (`verdict`)
-                  after:list, here:dict, # the recorded environment's differences from the re-run's; the re-run's
-                  out:Path, command:str|None=None, env:dict|None=None, timeout:float|None=None,
-                 ) -> dict:
-    ("Re-run the entry point to the iteration where the runs part and localise its step between the recorded "
-     "settings and this machine's (`WhereCB`): `StepDivergence.to_dict`, or {'text': why it was not localised}")
-    cannot = unplayable(after)
-    if cannot: return dict(text=f"not localised: {', '.join(cannot)} cannot be played in one process")
-    res = out/WHERE_NAME
-    res.unlink(missing_ok=True)
-    target = dict(fit=parts['fit'], iteration=parts['iter'], model=pos['model'], recorded=env_settings(info['env']),
-                  here=env_settings(here), out=str(res))
-    (out/WHERE_STOP).write_text(json.dumps({**pos, 'path': str(out/'where-unused'), 'where': target}))
-    try:
-        with _interruptible(), code_worktree(root, git) as wt:
-            argv, cwd = rerun_command(info['entry'], wt, out/WHERE_STOP, command)
-            run_to_position(argv, cwd, rerun_env(info['entry'], env), out/'where.log', timeout or WHERE_TIMEOUT_S)
-    except ReproduceError as e: return dict(text=f"not localised: {' '.join(str(e).split())}")
-    if not res.exists(): return dict(text=f"not localised: the re-run ended before fit {parts['fit']}, iteration "
-                                          f"{parts['iter']}; its last output: {_tail(out/'where.log')}")
-    return json.loads(res.read_text())
 
 def _open_ledger(address) -> Ledger:
     try: return Ledger(address, create=False)

@@ -14,12 +14,14 @@ from ..state.checkpoint import model_signature
 from ..state.data import data_fingerprint
 from ..state.environment import environment_info
 from ..record.entry import ENTRY_ENV, write_cells, _command
-from .rebuild import ReproduceError, EXIT_REPRODUCED
-from .localise import WhereCB
+from .rebuild import ReproduceError, EXIT_REPRODUCED, code_worktree, _interruptible
+from .localise import StepEvent, localise
+from .where import WhereCB, WHERE_NAME, env_settings, env_side, unplayable, kernel_env, KERNEL_VARS
 
 # %% auto #0
-__all__ = ['PROBE_TIMEOUT_S', 'THREAD_VARS', 'RUNNER', 'KILL_GRACE_S', 'LOG_TAIL_LINES', 'REPLAY_NOTEBOOK', 'REPLAY', 'rerun_env',
-           'StopAtCB', 'stop_at', 'run', 'rerun_command', 'run_to_position']
+__all__ = ['PROBE_TIMEOUT_S', 'THREAD_VARS', 'RUNNER', 'KILL_GRACE_S', 'LOG_TAIL_LINES', 'REPLAY_NOTEBOOK', 'REPLAY',
+           'WHERE_TIMEOUT_S', 'KERNELS_HINT', 'rerun_env', 'StopAtCB', 'stop_at', 'run', 'rerun_command',
+           'run_to_position', 'WhereRun', 'SideRuns', 'where_in_step']
 
 # %% ../../nbs/check/02_rerun.ipynb #a1700024
 def rerun_env(entry:dict|None, # the recorded entry point (`checkpoint_info(f)['entry']`)
@@ -226,6 +228,92 @@ def run_to_position(argv:list, cwd:Path, env:dict, log:Path, timeout:float|None=
             except subprocess.TimeoutExpired: os.killpg(p.pid, signal.SIGKILL); p.wait()
         pump.join(KILL_GRACE_S)
         p.stdout.close()
+
+# %% ../../nbs/check/02_rerun.ipynb #c6d54e7e
+WHERE_TIMEOUT_S = 600  # a re-run that localises where the step parts: at most this long unless timeout= says
+KERNELS_HINT = ("the CPU kernels differ (their instruction set or code path): pin them on every machine "
+                "(`python -m fastrepro.portable`, `ReproCB(portable=True)`)")
+
+class WhereRun:
+    "Re-runs of the recorded entry point to the iteration where the runs part, each with a `WhereCB` target"
+    def __init__(self, root:Path, git:dict, info:dict, # the repository, the checkpoint's git record and summary
+                 pos:dict, out:Path, # the checkpoint's position; the report's folder
+                 command:str|None=None, env:dict|None=None, timeout:float|None=None): # as `reproduce` was given
+        store_attr()
+
+    def __call__(self, target:dict, # `WhereCB`'s, but `out`
+                 name:str, # the files of this re-run: `{name}.json`, `{name}.log`, `{name}-stop.json`
+                 kernels:dict|None=None, # variables to start it with (`kernel_env`; None: unset)
+                ) -> dict:
+        "What the re-run's `WhereCB` wrote; a re-run that ends before it raises `ReproduceError`"
+        res, stop, log = (self.out/f'{name}{suffix}' for suffix in ('.json', '-stop.json', '.log'))
+        res.unlink(missing_ok=True)
+        stop.write_text(json.dumps({**self.pos, 'path': str(self.out/'where-unused'), 'where': {**target,
+                                                                                                'out': str(res)}}))
+        env = rerun_env(self.info['entry'], self.env)
+        for k, v in (kernels or {}).items():
+            if v is None: env.pop(k, None)
+            else: env[k] = v
+        with _interruptible(), code_worktree(self.root, self.git) as wt:
+            argv, cwd = rerun_command(self.info['entry'], wt, stop, self.command)
+            run_to_position(argv, cwd, env, log, self.timeout or WHERE_TIMEOUT_S)
+        if not res.exists(): raise ReproduceError(f"the re-run ended before fit {target['fit']}, iteration "
+                                                  f"{target['iteration']}; its last output: {_tail(log)}")
+        return json.loads(res.read_text())
+
+class SideRuns:
+    "Each side's step in a re-run of its own, its kernels set by its variables: `run(i, probe)` as `localise` asks"
+    def __init__(self, run:WhereRun, target:dict, settings:tuple, kernels:tuple): # two sides' settings and variables
+        store_attr(); self.ran, self.starts = [None, None], [None, None]  # each side's kernels and steps' first events
+
+    def iteration(self, key:tuple) -> int:
+        "The iteration of side A's event `key`"
+        k = next(i for i, e in enumerate(self.events) if e.key == key)
+        return [it for first, it in self.starts[0] if first <= k][-1]
+
+    def __call__(self, i:int, probe):
+        t = dict(self.target, side=self.settings[i], other=self.settings[1 - i], keep=probe.keep, ops_at=probe.ops_at)
+        d = self.run(t, f'where-{i}', self.kernels[i])
+        probe.events = L(StepEvent(**{**e, 'shape': tuple(e['shape'])}) for e in d['events'])
+        probe.ops, self.ran[i], self.starts[i] = d['ops'], d['kernels'], d['starts']
+        if i == 0: self.events = probe.events
+        kept = self.run.out/f'where-{i}.pt'
+        probe.kept = torch.load(kept, weights_only=True) if probe.keep is not None and kept.exists() else {}
+        return probe
+
+def _side_name(kernels:dict, settings:dict, other:dict) -> str:
+    "How the verdict names a side: the variables of its kernels, and what else it sets"
+    named, rest = ', '.join(f"{k}={v if v is not None else '(unset)'}" for k, v in kernels.items()), str(env_side(
+        settings, other))
+    return named if rest == 'as it is' else f"{named}, {rest}"
+
+def where_in_step(root:Path, git:dict, info:dict, # the repository, the checkpoint's git record and summary
+                  pos:dict, parts:dict, # the checkpoint's position; where the runs part (`verdict`)
+                  after:list, here:dict, # the recorded environment's differences from the re-run's; the re-run's
+                  out:Path, command:str|None=None, env:dict|None=None, timeout:float|None=None,
+                 ) -> dict:
+    ("Re-run the entry point to the iteration where the runs part and localise its step between the recorded "
+     "settings and this machine's: `StepDivergence.to_dict`, or {'text': why it was not localised}")
+    cannot = unplayable(after)
+    if cannot: return dict(text=f"not localised: {', '.join(cannot)} cannot be played on this machine")
+    run, kernels = WhereRun(root, git, info, pos, out, command, env, timeout), kernel_env(after)
+    # a trace row at the iteration: its step; the state at the checkpoint: the step before it
+    it = parts['iter'] if parts['quantity'].startswith(('loss', 'the norm of')) else parts['iter'] - 1
+    target = dict(fit=parts['fit'], iteration=it, model=pos['model'])
+    recorded, mine = env_settings(info['env']), env_settings(here)
+    try:
+        if not kernels: return run(dict(target, recorded=recorded, here=mine), WHERE_NAME.removesuffix('.json'))
+        sides = SideRuns(run, target, (recorded, mine), (kernels, {}))
+        res = localise(sides, (_side_name(kernels, recorded, mine), _side_name(kernel_env(after, 'here'), mine,
+                                                                                recorded)), KERNELS_HINT)
+    except ReproduceError as e: return dict(text=f"not localised: {' '.join(str(e).split())}")
+    if not res.same: res.where = f"at fit {parts['fit']}, iteration {sides.iteration(res.event.key)}"
+    missed = [f for f, v in KERNEL_VARS.items() if v in kernels and sides.ran[0][f.partition('.')[2]] != next(
+              d['recorded'] for d in after if d['field'] == f)]
+    if missed: return dict(text=f"not localised: this machine cannot play the recorded {', '.join(missed)} (a "
+                                f"process started with {', '.join(KERNEL_VARS[f] for f in missed)} ran other kernels)")
+    (out/WHERE_NAME).write_text(json.dumps(res.to_dict(), default=str))
+    return json.loads((out/WHERE_NAME).read_text())  # as the one re-run's answer: plain JSON
 
 # %% ../../nbs/check/02_rerun.ipynb #4d6997a0
 # the importable module's own `run`: its StopAtCB pickles

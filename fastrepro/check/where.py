@@ -6,15 +6,125 @@ Docs: https://fastrepro.github.io/fastrepro/check/where.html.md"""
 
 # %% ../../nbs/check/07_where.ipynb #748d98b1
 from __future__ import annotations
-import warnings
+import json, warnings
+from dataclasses import asdict
 from fastai.basics import *
+from ..state.core import training_fit
+from ..state.kernels import deterministic_switches
+from ..state.checkpoint import model_signature
+from ..state.environment import environment_info
 from ..state.integrity import older_checkpoints
 from ..callback.preempt import CheckpointCB, checkpoint_digests
 from ..record.divergence import first_divergence, BEFORE_TRAINING
-from .localise import StepProbe, StepDivergence, localise, HYPERS_HINT, AUDIT_HINT
+from .rebuild import EXIT_REPRODUCED
+from .localise import StepProbe, StepDivergence, Side, localise, localise_step
+from .localise import threads, switches, combine, HYPERS_HINT, AUDIT_HINT
 
 # %% auto #0
-__all__ = ['ResumedRuns', 'where_runs_part']
+__all__ = ['KERNEL_VARS', 'WHERE_NAME', 'env_settings', 'unplayable', 'kernel_env', 'env_side', 'WhereCB', 'ResumedRuns',
+           'where_runs_part']
+
+# %% ../../nbs/check/07_where.ipynb #730f9b2e
+def env_settings(env:dict, # an `environment_info` (recorded, or a re-run's)
+                ) -> dict:
+    "What of an environment one process can play: its thread count and its deterministic switches"
+    sw, known = env.get('switches') or {}, deterministic_switches()
+    return dict(num_threads=env['num_threads'], switches={k: sw[k] for k in known if k in sw})
+
+# the CPU kernels a process chooses as it starts, and the variable that chooses each (`environment_info`'s)
+KERNEL_VARS = {'cpu_kernels.aten': 'ATEN_CPU_CAPABILITY', 'cpu_kernels.mkl_cbwr': 'MKL_CBWR',
+               'cpu_kernels.mkl_instructions': 'MKL_ENABLE_INSTRUCTIONS', 'cpu_kernels.onednn': 'ONEDNN_MAX_CPU_ISA'}
+_UNSET = {'cpu_kernels.mkl_cbwr': 'OFF', 'cpu_kernels.onednn': 'native', 'cpu_kernels.mkl_instructions': None}
+
+def _in_process(field:str, recorded, here) -> bool:
+    section, _, name = field.partition('.')
+    return (field == 'num_threads' or (section == 'switches' and name in deterministic_switches())
+            or (field == 'cpu_kernels.onednn' and 'off' in (recorded, here)))  # oneDNN off: the `mkldnn` switch
+
+def unplayable(diffs:list, # `env_differences` of the recorded environment and this one
+              ) -> list:
+    ("The fields of the differences that change bits and that this machine cannot play: neither in a process "
+     "(threads, switches) nor by the variables a process starts with (`KERNEL_VARS`): versions, the CPU")
+    return [d['field'] for d in diffs if d['bits'] and not _in_process(d['field'], d['recorded'], d['here'])
+            and d['field'] not in KERNEL_VARS]
+
+def kernel_env(diffs:list, # `env_differences` of the recorded environment and this one
+               side:str='recorded', # whose kernels: 'recorded', or 'here' (what this machine's process chose)
+              ) -> dict:
+    "The variables that start a process of this machine with `side`'s kernels of `diffs`: {name: value or None}"
+    res = {}
+    for d in diffs:
+        field, v = d['field'], d[side]
+        if field not in KERNEL_VARS or not d['bits'] or _in_process(field, d['recorded'], d['here']): continue
+        res[KERNEL_VARS[field]] = (None if v == _UNSET.get(field, ...) else
+                                   str(v).lower() if field == 'cpu_kernels.aten' else str(v))
+    return res
+
+def env_side(settings:dict, # `env_settings` of one side
+             other:dict, # the other side's: only what differs is named
+            ) -> Side:
+    "The side that plays `settings`: its thread count and deterministic switches"
+    sw = {k: v for k, v in settings['switches'].items() if other['switches'].get(k) != v}
+    n = settings['num_threads']
+    return combine(threads(n) if n != other['num_threads'] else Side('', threads(n).ctx),
+                   *([switches(**sw)] if sw else []))
+
+# %% ../../nbs/check/07_where.ipynb #09cfcc53
+WHERE_NAME = 'where.json'  # what the re-run that localises writes beside the report
+
+def _key(v) -> tuple|None: return None if v is None else tuple(v)  # a key, back from JSON
+
+class WhereCB(Callback):
+    ("In a `reproduce` re-run: at the iteration where the runs part, localise its step between the recorded settings "
+     "and this machine's (`localise_step`); or, as side `side` plays the fit (its kernels this process's), digest "
+     "every step from the fit's first through that iteration; write the answer, end the process")
+    order = 99  # after the callbacks that set a step up (schedulers, autocast); before `StopAtCB`, which ends the run
+    target = None  # where every WhereCB built without a target localises: set by `stop_at`, in the re-run's runner
+    def __init__(self, target:dict|None=None): # fit, iteration, model, out; recorded and here, or side and other
+        self.target, self.signature, self.probe = target or WhereCB.target, None, None
+
+    def before_fit(self):
+        self.signature = model_signature(self.learn.model)['digest'] if training_fit(self.learn) else None
+
+    def _at(self) -> tuple|None:
+        "(fit, iteration) of the batch that trains now, in the run the target names; None elsewhere"
+        cb = getattr(self.learn, 'repro_cb', None)
+        if not self.training or cb is None or not cb.active or self.signature != self.target['model']: return None
+        return cb.position.fit, self.learn.train_iter
+
+    def before_batch(self):
+        t, at = self.target, self._at()
+        if at is None or at[0] != t['fit']: return
+        if 'side' in t:
+            if self.probe is None: self._digest_from(t)
+            else: self.starts.append((len(self.probe.events), at[1]))
+            return
+        if at[1] != t['iteration']: return
+        res = localise_step(self.learn, env_side(t['recorded'], t['here']), env_side(t['here'], t['recorded']),
+                            where=f"at fit {t['fit']}, iteration {t['iteration']}")
+        self._end(res.to_dict())
+
+    def _digest_from(self, t:dict):
+        "From this step on, play side `t['side']` and digest every event, keeping what `keep` and `ops_at` ask"
+        self.probe = StepProbe(keep=_key(t['keep']), ops_at=_key(t['ops_at']))
+        self.side = env_side(t['side'], t['other'])(self.learn); self.side.__enter__()
+        self.learn.add_cb(self.probe); self.probe.__enter__()
+        self.starts = [(0, self.learn.train_iter)]  # (first event, iteration) of each step
+
+    def after_batch(self):
+        at = self._at()
+        if self.probe is None or at is None or (at[0], at[1] - 1) != (self.target['fit'], self.target['iteration']):
+            return  # fastai has counted the batch: `train_iter - 1` is the one that trained
+        self.probe.__exit__(); self.learn.remove_cb(self.probe); self.side.__exit__(None, None, None)
+        out = Path(self.target['out'])
+        if self.probe.kept and rank_distrib() == 0: torch.save(self.probe.kept, out.with_suffix('.pt'))
+        self._end(dict(events=[asdict(e) for e in self.probe.events], ops=self.probe.ops, starts=self.starts,
+                       kernels=environment_info()['cpu_kernels']))
+
+    def _end(self, res:dict):
+        "Write `res` where the target says, and end the process"
+        if rank_distrib() == 0: Path(self.target['out']).write_text(json.dumps(res, default=str))
+        raise SystemExit(EXIT_REPRODUCED)
 
 # %% ../../nbs/check/07_where.ipynb #54b3b67f
 class _ProbeFrom(Callback):
