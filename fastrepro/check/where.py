@@ -1,4 +1,4 @@
-"""From the checkpoints of two runs that part (another hyper-parameter, a nondeterministic layer, another thread count in one of them): the first module, pass and operation of the steps whose bits differ, each run's steps replayed from a checkpoint the two runs share.
+"""Where a user meets the localisation of a step: `reproduce`'s re-run (`WhereCB`: the recorded settings played in one process, or a process per side for the CPU kernels) and two runs of one machine from their checkpoints (`where_runs_part`, `fastrepro diff --learner`): the first module, pass and operation whose bits differ.
 
 Docs: https://fastrepro.github.io/fastrepro/check/where.html.md"""
 
