@@ -76,9 +76,11 @@ def test_gradual_unfreezing_resumed_at_a_stage_boundary(data, tmp_path):
 def test_export_and_load_learner(data, tmp_path):
     learn = clas(data, tmp_path, fp16=True)
     with learn.no_bar(): learn.fit(1, 1e-2)
+    learn.save('trained')  # its trace now in the trace file beside it: the exported learner reads it there
     learn.export('export.pkl')
     back = load_learner(tmp_path/'export.pkl')
     assert isinstance(back.repro_cb, ReproCB) and back.repro_cb.seed == 7
+    assert back.repro_trace.loss.tolist() == learn.repro_trace.loss.tolist() and len(learn.repro_trace)
     with torch.no_grad():
         x = learn.dls.valid.one_batch()[0].cpu()
         learn.model.eval(); back.model.eval()

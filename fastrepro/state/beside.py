@@ -63,6 +63,15 @@ class BesideLog:
                 ):
         self.path, self.run, self.size, self.hasher = Path(path), run, size, hasher
 
+    def __getstate__(self): return {**vars(self), 'hasher': None}  # a hash object cannot be pickled (`learn.export`)
+
+    def _running(self):
+        "sha256 of the prefix, read again from the file after an unpickling"
+        if self.hasher is None:
+            self.hasher = hashlib.sha256()
+            with open(self.path, 'rb') as f: self.hasher.update(f.read(self.size))
+        return self.hasher
+
     @classmethod
     def create(cls, path, # the file to write (replaced atomically)
                run:str, # the run it belongs to
@@ -96,11 +105,11 @@ class BesideLog:
             if end > self.size: f.truncate(self.size)
             f.seek(self.size); f.write(b)
             if durable: f.flush(); os.fsync(f.fileno())
-        self.size += len(b); self.hasher.update(b)
+        self._running().update(b); self.size += len(b)
 
     def pin(self) -> dict:
         "What a checkpoint holds of the file: its name (beside the checkpoint), run, length and digest"
-        return {'file': self.path.name, 'run': self.run, 'bytes': self.size, 'sha256': self.hasher.hexdigest()}
+        return {'file': self.path.name, 'run': self.run, 'bytes': self.size, 'sha256': self._running().hexdigest()}
 
     def records(self) -> list:
         "The records of the prefix (the header left out)"
