@@ -273,11 +273,12 @@ class SideRuns:
 
     def __call__(self, i:int, probe):
         t = dict(self.target, side=self.settings[i], other=self.settings[1 - i], keep=probe.keep, ops_at=probe.ops_at)
+        kept = self.run.out/f'where-{i}.pt'
+        kept.unlink(missing_ok=True)  # an earlier run's: this one writes its own, if it keeps anything
         d = self.run(t, f'where-{i}', self.kernels[i])
         probe.events = L(StepEvent(**{**e, 'shape': tuple(e['shape'])}) for e in d['events'])
         probe.ops, self.ran[i], self.starts[i] = d['ops'], d['kernels'], d['starts']
         if i == 0: self.events = probe.events
-        kept = self.run.out/f'where-{i}.pt'
         probe.kept = torch.load(kept, weights_only=True) if probe.keep is not None and kept.exists() else {}
         return probe
 
