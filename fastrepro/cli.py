@@ -206,10 +206,15 @@ def compare_command(args):
     if args.fail_on_regression and r.verdict == 'regression': return EXIT_REGRESSION
 
 # %% ../nbs/90_cli.ipynb #817c3b18
-def _named_function(spec:str):
-    "The function `MODULE:FUNCTION` names, its module imported from the working directory"
+def _function_spec(spec:str) -> tuple:
+    "`(module, function)` of `MODULE:FUNCTION`, checked before anything is imported"
     mod, _, name = spec.partition(':')
     if not (mod and name): raise CLIError(f"--learner takes MODULE:FUNCTION (e.g. train:where), got {spec!r}.")
+    return mod, name
+
+def _named_function(spec:str):
+    "The function `MODULE:FUNCTION` names, its module imported from the working directory"
+    mod, name = _function_spec(spec)
     sys.path.insert(0, str(Path.cwd()))
     try: return getattr(importlib.import_module(mod), name)
     except (ImportError, AttributeError) as e: raise CLIError(f"--learner {spec}: {e}") from e
@@ -221,6 +226,7 @@ def _named_function(spec:str):
              "as `where_runs_part` takes them"))
 def diff_command(args):
     "Find the first iteration where two runs part (exit code 0: identical, 1: different, 2: unreadable)"
+    if args.learner: _function_spec(args.learner)
     with _library_imports(): from fastrepro.record.divergence import fastrepro_diff, DIFF_UNREADABLE, DIFF_DIFFER
     code, text = fastrepro_diff(args.a, args.b)
     print(text, file=sys.stderr if code == DIFF_UNREADABLE else sys.stdout)

@@ -91,21 +91,20 @@ def fit(lr): return lambda learn, start_epoch: learn.fit(1, lr, start_epoch=star
 def where(): return make_learner, (fit(LRS['A']), fit(LRS['B']))
 
 if __name__ == '__main__':
-    run = sys.argv[1]
-    learn = make_learner(run)
-    learn.add_cb(CheckpointCB(every_iters=2, keep=10))
-    learn.checkpoint_cb.save()  # before the fit, where both runs start alike
-    with learn.no_bar(), learn.no_logging(): fit(LRS[run])(learn, 0)
+    for run in sys.argv[1:]:
+        learn = make_learner(run)
+        learn.add_cb(CheckpointCB(every_iters=2, keep=10))
+        learn.checkpoint_cb.save()  # before the fit, where both runs start alike
+        with learn.no_bar(), learn.no_logging(): fit(LRS[run])(learn, 0)
 '''
 
 
 def test_diff_names_the_optimizer_step_of_two_runs(tmp_path):
     "`fastrepro diff A B --learner runs:where`: two runs of this machine with other learning rates part in the update"
     root = _repo(tmp_path/'proj', {'runs.py': RUNS, '.gitignore': '__pycache__/\n/A/\n/B/\n/replay/\n'})
-    for run in 'AB':
-        p = subprocess.run([sys.executable, 'runs.py', run], cwd=root, env=_env(), capture_output=True, text=True,
-                           timeout=RUN_TIMEOUT_S)
-        assert p.returncode == 0, p.stderr[-3000:]
+    p = subprocess.run([sys.executable, 'runs.py', 'A', 'B'], cwd=root, env=_env(), capture_output=True, text=True,
+                       timeout=RUN_TIMEOUT_S)
+    assert p.returncode == 0, p.stderr[-3000:]
     p = subprocess.run([sys.executable, '-m', 'fastrepro.cli', 'diff', 'A/models/checkpoint.pth',
                         'B/models/checkpoint.pth', '--learner', 'runs:where'], cwd=root, env=_env(),
                        capture_output=True, text=True, timeout=RUN_TIMEOUT_S)

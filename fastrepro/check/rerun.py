@@ -273,6 +273,7 @@ class SideRuns:
 
     def __call__(self, i:int, probe):
         t = dict(self.target, side=self.settings[i], other=self.settings[1 - i], keep=probe.keep, ops_at=probe.ops_at)
+        if probe.keep is not None: t['iteration'] = self.iteration(probe.keep)  # the runs end at the kept event's step
         kept = self.run.out/f'where-{i}.pt'
         kept.unlink(missing_ok=True)  # an earlier run's: this one writes its own, if it keeps anything
         d = self.run(t, f'where-{i}', self.kernels[i])
