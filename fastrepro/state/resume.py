@@ -104,13 +104,6 @@ class ResumePlan:
              allow_world_size_change:bool=False, log:BesideLog|None=None) -> ResumePlan:
         ("The plan of `learn`'s fit that starts now, after the run stood at `last`, with a loaded `state` (or None) "
          "and the trace file it pins (`log`)")
-        plan = cls._make(state, last, learn, deterministic_data, allow_world_size_change)
-        plan.log = log
-        return plan
-
-    @classmethod
-    def _make(cls, state:dict|None, last:Position, learn:Learner, deterministic_data:bool,
-              allow_world_size_change:bool) -> ResumePlan:
         start, n_epoch = resume_epoch(learn), learn.n_epoch
         pos = None if state is None else state['position']
         # a checkpoint written inside epoch 0 is resumed by the same fit call with start_epoch=0
@@ -121,9 +114,9 @@ class ResumePlan:
                 warnings.warn(f"This fit resumes at epoch {start} but no fastrepro checkpoint was loaded: the "
                               "Recorder, the iteration count and the trace are not restored, so it will not be "
                               "bit-identical.")
-                return cls(None, Position(max(last.fit, 0), n_epoch, start), resumes=True)
+                return cls(None, Position(max(last.fit, 0), n_epoch, start), resumes=True, log=log)
             _check_continues(state, start, n_epoch, deterministic_data, allow_world_size_change)
-            return cls(state, Position(pos['fit'], n_epoch, start), resumes=True, batch=pos['batch'])
+            return cls(state, Position(pos['fit'], n_epoch, start), resumes=True, batch=pos['batch'], log=log)
         dropped = _dropped_start_epoch()
         if dropped:
             raise ResumeError(f"`{dropped[0]}` was called with start_epoch={dropped[1]} but does not pass it on to "
@@ -136,7 +129,7 @@ class ResumePlan:
                               f"{pos['epoch']}, batch {pos['batch']}), but this fit starts anew. To resume it, call "
                               f"the same fit with start_epoch={pos['epoch']}.")
             fit = max(fit, pos['fit'])
-        return cls(state, Position(fit + 1, n_epoch, 0))  # continues the trace, and the gradients the optimizer steps
+        return cls(state, Position(fit + 1, n_epoch, 0), log=log)  # continues the trace and the gradients stepped
 
     @property
     def resumed(self) -> dict|None:
