@@ -5,8 +5,9 @@ learner with `CheckpointCB(autoresume=True)`. Each process is stopped at the nex
 language model's last epoch, during its validation after its last batch, right after its end checkpoint, after
 `save_encoder`, while the classifier's `Learner` is built, inside its first fit before its first checkpoint, between
 its fits), by SIGTERM and SIGKILL in turn, so every rerun but the last is killed again. The last rerun ends
-bit-identical to the uninterrupted script: the weights, every per-batch loss and norm, the Recorder, the optimizer's
-state, fastai's counters, and the next draws of every generator and of each loader's own."""
+bit-identical to the uninterrupted script: the language model's record, then the classifier's (the weights, every
+per-batch loss and norm), the Recorder, the optimizer's state, fastai's counters, and the next draws of every generator
+and of each loader's own. Each process runs one torch thread (`Job.threads`)."""
 import signal
 import pytest, torch
 from fastrepro.demo.jobs import Job, job_process, job_error, SCRIPT_STOPS
@@ -32,9 +33,16 @@ def reference(fastai_home, tmp_path_factory):
     return job
 
 
-def check_same(ref:Job, job:Job):
-    ok, why = same_run(RunRecord.load(ref.path/'script.pt'), RunRecord.load(job.path/'script.pt'))
-    assert ok, why
+def fastrepro_lines(p) -> str:
+    "What a job process said of its checkpoints (fastrepro's own lines)"
+    return ' | '.join(l for l in (p.stdout + p.stderr).splitlines() if l.startswith('fastrepro:')) or '-'
+
+
+def check_same(ref:Job, job:Job, said:str=''):
+    "The language model's record, then the classifier's, then what the process held after the script"
+    for name, what in (('script.pt-lm.pt', "the language model"), ('script.pt', "the classifier")):
+        ok, why = same_run(RunRecord.load(ref.path/name), RunRecord.load(job.path/name))
+        assert ok, f"{what}: {why}\nwhat the processes said:\n{said}"
     after, want = (torch.load(j.path/'script.pt-after.pt', weights_only=True) for j in (job, ref))
     for k, v in want.items(): assert after[k] == v, f"after the script, {k}: {after[k]} vs {v}"
 
@@ -42,12 +50,13 @@ def check_same(ref:Job, job:Job):
 @pytest.mark.parametrize('first', [signal.SIGTERM, signal.SIGKILL], ids=['sigterm-first', 'sigkill-first'])
 def test_killed_at_every_boundary(reference, tmp_path, first):
     job = Job('lm', reference.df, tmp_path, every_iters=EVERY)
-    spec, sig = job.write(), first
+    spec, sig, said = job.write(), first, []
     for name in SCRIPT_STOPS:
         p = job_process(spec, 'script', stop=(name, sig))
         assert p.returncode in ENDS[sig], f"stopped at {name} by {signal.Signals(sig).name}: {job_error(p)}"
+        said.append(f"{name} ({signal.Signals(sig).name}, {p.returncode}): {fastrepro_lines(p)}")
         sig = signal.SIGKILL if sig == signal.SIGTERM else signal.SIGTERM
     p = job_process(spec, 'script')
     assert p.returncode == 0, job_error(p)
     for fit in (0, 1): assert f'fit {fit} (1 epochs) was completed by an earlier run' in p.stdout, p.stdout
-    check_same(reference, job)
+    check_same(reference, job, '\n'.join(said + [f"the last rerun: {fastrepro_lines(p)}"]))

@@ -196,7 +196,9 @@ SCRIPT_STOPS = {
 
 def _script(job:Job, kill=None, stop=None):
     ("The three-fit ULMFiT script as a user writes it (seeded once, at its top), every learner with "
-     "`CheckpointCB(autoresume=True)`; `kill`: (iteration, signal, fit), `stop`: (a `SCRIPT_STOPS` name, signal)")
+     "`CheckpointCB(autoresume=True)`; `kill`: (iteration, signal, fit), `stop`: (a `SCRIPT_STOPS` name, signal). "
+     "The language model and the classifier")
+    if job.threads: torch.set_num_threads(job.threads)  # the process's threads, as `Job.learner` sets them
     hits = {} if stop is None else {stop[0]: stop[1]}
     def here(name):
         if name in hits: os.kill(os.getpid(), hits[name])
@@ -212,7 +214,7 @@ def _script(job:Job, kill=None, stop=None):
     clas = ulmfit_classifier(job.df, lm.dls.vocab, job.profile, job.seed, job.path, num_workers=job.num_workers,
                              cbs=cbs('clas-building', 'clas-started', 'clas-between-fits'), reseed=False)
     fit_stages(clas, [Stage(-2, 1, job.stages[0].lr), Stage(0, 1, job.stages[0].lr/2)])
-    return clas
+    return lm, clas
 
 def after_script(learn:Learner) -> dict:
     ("What a process holds after a script's last fit, besides its `RunRecord`: the optimizer's state, the Recorder, "
@@ -236,8 +238,9 @@ def run_job(spec, # a job file (`Job.write`)
     job = Job(**pd.read_pickle(spec))
     hit = [CheckpointCB(every_iters=job.every_iters), KillAt(*kill)] if kill else []
     if mode == 'script':
-        learn, name = _script(job, kill, stop), record or 'script.pt'
+        (lm, learn), name = _script(job, kill, stop), record or 'script.pt'
         torch.save(after_script(learn), job.path/f'{name}-after.pt')
+        job.record(lm, f'{name}-lm.pt')  # where a classifier that parts got its encoder and its generators from
         return job.record(learn, name)
     if mode == 'resume':
         learn = job.learner(init_seed=job.seed + RESUME_SEED_OFFSET, disturb=True)
