@@ -140,11 +140,15 @@ class Job:
 
     def learner(self, init_seed:int|None=None, disturb:bool=False, cbs=None) -> Learner:
         "The run's learner, built the same way in every process (weights initialised from `init_seed`, default `seed`)"
-        if self.threads: torch.set_num_threads(self.threads)
+        self.set_threads()
         build = ulmfit_lm_learner if self.kind == 'lm' else partial(ulmfit_classifier, vocab=self.vocab)
         learn = build(df=self.df, profile=self.profile, seed=self.seed, path=self.path, init_seed=init_seed,
                       disturb=disturb, num_workers=self.num_workers, cbs=cbs)
         return learn.to_repro_fp16() if self.fp16 else learn
+
+    def set_threads(self):
+        "Run this process's torch CPU ops on `threads` threads (None: leave torch's default)"
+        if self.threads: torch.set_num_threads(self.threads)
 
     def last_cbs(self, *cbs) -> list:
         "The callbacks of the last fit: `cbs`, and the trackers"
@@ -198,7 +202,7 @@ def _script(job:Job, kill=None, stop=None):
     ("The three-fit ULMFiT script as a user writes it (seeded once, at its top), every learner with "
      "`CheckpointCB(autoresume=True)`; `kill`: (iteration, signal, fit), `stop`: (a `SCRIPT_STOPS` name, signal). "
      "The language model and the classifier")
-    if job.threads: torch.set_num_threads(job.threads)  # the process's threads, as `Job.learner` sets them
+    job.set_threads()
     hits = {} if stop is None else {stop[0]: stop[1]}
     def here(name):
         if name in hits: os.kill(os.getpid(), hits[name])
