@@ -106,7 +106,7 @@ def test_reproduced_bit_for_bit_after_the_checkout_moved_on(trained, tmp_path, c
     monkeypatch.setenv('PYTHONPATH', str(ROOT))
     assert main(['reproduce', str(ckpt), '--out', str(tmp_path/'out'), '--ledger', str(root/'runs.db')]) == 0
     out = capsys.readouterr().out
-    assert 'reproduced bit for bit' in out and 'bit-identical expected' in out
+    assert 'reproduced bit for bit' in out and 'environment: predicted before the re-run: bit-identical\n' in out
     assert _state(root) == before
     report = json.loads((tmp_path/'out'/'report.json').read_text())
     assert report['verdict'] == 'reproduced bit for bit' and set(report['quantities'].values()) == {None}
@@ -127,13 +127,16 @@ def test_another_thread_count_parts_at_the_first_iteration(trained, tmp_path, mo
     monkeypatch.setenv('PYTHONPATH', str(ROOT))
     r = reproduce(ckpt, tmp_path/'out', env=TWO_THREADS, show=False)
     if _threads(TWO_THREADS) < 2:  # torch takes no more threads than CPUs: 1 again, as predicted
-        assert (r.exit_code, r.prediction) == (0, 'bit-identical expected'), (r.verdict, r.prediction)
+        assert (r.exit_code, r.prediction) == (0, 'predicted before the re-run: bit-identical'), (r.verdict,
+                                                                                                   r.prediction)
         pytest.skip('torch runs one thread here whatever OMP_NUM_THREADS asks: no other thread count to part with')
     # `c` starts at 0: the first loss is the same, the first step of `c` (the gradient holds the mean) is not
     assert r.exit_code == EXIT_PARTS and r.parts == dict(fit=0, epoch=0, iter=0, quantity='the norm of c'), r.verdict
     assert r.verdict.startswith('parts at fit 0, epoch 0, iteration 0, first in the norm of c; explained by the '
                                 'environment: num_threads 1 -> 2'), r.verdict
-    assert r.prediction == 'other bits expected because num_threads 1 -> 2'
+    # predicted, and what the re-run recorded: the prediction held
+    assert r.prediction == 'predicted before the re-run: other bits (num_threads 1 -> 2 in a fresh interpreter)'
+    assert '| num_threads | 1 | 2 | yes | 2 |\n' in (tmp_path/'out'/'report.md').read_text()
     assert (tmp_path/'out'/'report.png').is_file()
 
 
@@ -151,8 +154,36 @@ def test_a_variable_the_record_does_not_hold_parts_where_the_script_reads_it(tra
     assert r.parts == dict(fit=NUDGE_FIT, epoch=0, iter=NUDGE_ITER + 1, quantity='loss'), r.verdict
     assert 'no recorded difference of the environment explains it' in r.verdict and r.env_after == []
     if _threads(TWO_THREADS) > 1:  # another thread count is possible here
-        with pytest.raises(Exception, match='strict: other bits expected because num_threads'):
+        with pytest.raises(Exception, match=r'strict: predicted before the re-run: other bits \(num_threads 1 -> 2'):
             reproduce(ckpt, tmp_path/'strict', env=TWO_THREADS, strict=True, show=False)
+
+
+# the script sets its own thread count before anything else: a fresh interpreter's is not the one it trains with
+PINNED = 'import torch\ntorch.set_num_threads(1)  # the script pins its own threads\n' + TRAIN
+
+
+def test_a_script_that_sets_its_threads_itself_reproduces_against_the_prediction(tmp_path, monkeypatch):
+    "Predicted other bits (2 threads in a fresh interpreter); the re-run recorded 1 thread: the report says so (#58)"
+    root = _repo(tmp_path/'proj', {'train.py': PINNED, 'helpers.py': 'SCALE = 2.0\n',
+                                   '.gitignore': '__pycache__/\n/models/\n/runs.db\n'})
+    p = subprocess.run([sys.executable, 'train.py'], cwd=root, env=_env(), capture_output=True, text=True,
+                       timeout=RUN_TIMEOUT_S)
+    assert p.returncode == 0, p.stderr[-3000:]
+    ckpt = root/'models'/'checkpoint.pth'
+    assert checkpoint_info(ckpt)['env']['num_threads'] == 1
+    if _threads(TWO_THREADS) < 2: pytest.skip('torch runs one thread here whatever OMP_NUM_THREADS asks: nothing '
+                                              'other to predict')
+    monkeypatch.setenv('PYTHONPATH', str(ROOT))
+    r = reproduce(ckpt, tmp_path/'out', env=TWO_THREADS, show=False)
+    # the model parts with 2 threads (test_another_thread_count_parts_at_the_first_iteration): the re-run ran 1
+    assert (r.exit_code, r.verdict) == (0, 'reproduced bit for bit'), r.verdict
+    assert [d for d in r.env_after if d['bits']] == [], r.env_after
+    assert r.prediction == ('predicted before the re-run: other bits (num_threads 1 -> 2 in a fresh interpreter); it '
+                            'did not hold: the re-run ran num_threads 1: no difference that changes bits'), r.prediction
+    report = (tmp_path/'out'/'report.md').read_text()
+    assert '| num_threads | 1 | 1 | no | 2 |\n' in report, report  # recorded, re-run, changes bits, predicted
+    assert f'- environment: {r.prediction}\n' in report and 'expected because' not in report, report
+    assert json.loads((tmp_path/'out'/'report.json').read_text())['prediction'] == r.prediction
 
 
 def test_segments_verified_side_by_side_on_a_process_pool(trained, tmp_path, monkeypatch):

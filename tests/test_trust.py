@@ -174,7 +174,7 @@ def test_plan_runs_nothing_trust_reproduces(colleague, tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     for e in (f"commit       {checkpoint_info(ck)['git']['commit']}", 'patch        1 file(s): train.py +1 -1',
               'command      ', '<worktree>/train.py', 'in           <worktree>\n', 'OMP_NUM_THREADS=1',
-              'environment  bit-identical expected',
+              'environment  predicted before the re-run: bit-identical',
               'trusted      no: refused without --trust', 'runs nothing'):
         assert e in p.stdout, (e, p.stdout)
     assert not (tmp_path/'plan').exists() and _git(root, 'worktree', 'list', '--porcelain') == before

@@ -102,7 +102,7 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
               repo=None, # the git repository with the recorded commit (default: where the run was recorded)
               command:str|None=None, # a command line that replaces the recorded entry point (run in the worktree)
               env:dict|None=None, # environment variables set on top of the recorded ones (what if)
-              strict:bool=False, # refuse to run when the environment predicts other bits
+              strict:bool=False, # refuse to run when the environment of a fresh interpreter predicts other bits
               timeout:float|None=None, # seconds the re-run may take (None: as long as the training it re-runs)
               show:bool=True, # print the steps and the re-run's output
               ledger=None, # the run's ledger (a path or URL): the verdict is recorded there, linked to the run
@@ -147,8 +147,8 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
         timings['environment'] = time.perf_counter() - t
         _say(show, f"environment: {predicted}")
         if strict and any(d['bits'] for d in before):
-            raise ReproduceError(f"strict: {predicted}, so the bits cannot match; run where the recorded environment "
-                                 "is, or without strict to see where the runs part.")
+            raise ReproduceError(f"strict: {predicted}, so the bits would not match (nothing was run); run where the "
+                                 "recorded environment is, or without strict to see whether the re-run parts.")
         _say(show, f"re-running `{' '.join(argv)}` to fit {pos['fit']}, epoch {pos['epoch']}, batch {pos['batch']}")
         t = time.perf_counter()
         status = run_to_position(argv, cwd, run_env, out/'rerun.log', timeout, show)
@@ -175,13 +175,14 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
     res = Reproduction(what, git['commit'], text, code,
                        {k: pos[k] for k in POSITION_KEYS},
                        parts, {q: (None if w is None else _quantity(q, w)) for q, w in quantities.items()},
-                       predicted, before, after, data, argv, str(out), timings, where=found)
+                       prediction(before, after), before, after, data, argv, str(out), timings, where=found)
     if record is not None:
         res.ledger_run, res.record = int(record.name), record_reproduction(book, record, res, again['facts'])
     res.save(out, (rec['trace'], again['trace']))
     res.trackers = note_runs(info['trackers'], 'reproduce', text, files=[out/'report.md', out/'report.json'])
     if res.trackers: res.save(out)  # the report says where the verdict was logged
     for line in res.trackers: _say(show, f"verdict {line}")
+    if res.prediction != predicted: _say(show, f"environment: {res.prediction}")  # the re-run's record contradicts it
     _say(show, f"{text} (report in {out})")
     return res
 

@@ -56,11 +56,14 @@ def _threads(env:dict) -> int:
     return 1 if n == '1' else _threads_taken(tuple(asked.items()))
 
 def _expected_env(env:dict, recorded:dict) -> dict:
-    ("This machine's `environment_info` as a process started with `env` sees it; the switches are the recorded "
-     "ones, since the run's own ReproCB sets them (compared after the re-run)")
+    ("This machine's `environment_info` as a process started with `env` sees it; the switches, and MKL's code path "
+     "unless `env` names it, are the recorded ones, since the run's own ReproCB sets them (compared after the re-run)")
     here = environment_info()
     kernels = {**here['cpu_kernels'], 'mkl_instructions': env.get('MKL_ENABLE_INSTRUCTIONS')}
     if kernels['onednn'] != 'off': kernels['onednn'] = env.get('ONEDNN_MAX_CPU_ISA', 'native')
+    if kernels['mkl_cbwr'] is not None:  # MKL reads MKL_CBWR when it starts; this process's own is not the re-run's
+        kernels['mkl_cbwr'] = ((env['MKL_CBWR'].upper() or 'OFF') if 'MKL_CBWR' in env else
+                               (recorded.get('cpu_kernels') or {}).get('mkl_cbwr') or kernels['mkl_cbwr'])
     return {**here, 'num_threads': _threads(env), 'cpu_kernels': kernels, 'switches': recorded.get('switches')}
 
 # %% ../../nbs/check/02_rerun.ipynb #a1700008

@@ -35,10 +35,19 @@ def env_differences(recorded:dict, # the recorded `environment_info`
 def _fmt_diffs(diffs:list, bits:bool=True) -> str:
     return ', '.join(f"{d['field']} {d['recorded']} -> {d['here']}" for d in diffs if d['bits'] == bits)
 
-def prediction(diffs:list) -> str:
-    "What `env_differences` predicts of a re-run's bits"
+def _bit_fields(diffs:list) -> dict: return {d['field']: d['here'] for d in diffs if d['bits']}
+
+def prediction(diffs:list, # `env_differences` of the recorded environment and a fresh interpreter's, before the re-run
+               after:list|None=None, # and of the recorded and the re-run's own record, once it ran
+              ) -> str:
+    "What `diffs` predict of a re-run's bits, labelled a prediction; given the re-run's differences, whether it held"
     why = _fmt_diffs(diffs)
-    return f"other bits expected because {why}" if why else "bit-identical expected"
+    res = f"predicted before the re-run: {f'other bits ({why} in a fresh interpreter)' if why else 'bit-identical'}"
+    if after is None or _bit_fields(diffs) == _bit_fields(after): return res
+    ran = {**{d['field']: d['recorded'] for d in diffs if d['bits']}, **_bit_fields(after)}  # no difference: recorded
+    got = _fmt_diffs(after)
+    return (f"{res}; it did not hold: the re-run ran {', '.join(f'{k} {v}' for k, v in ran.items())}: "
+            f"{f'its differences that change bits: {got}' if got else 'no difference that changes bits'}")
 
 # %% ../../nbs/check/03_verdict.ipynb #a1700031
 def _bytes(t:Tensor) -> Tensor: return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
@@ -147,9 +156,9 @@ class Reproduction:
     position:dict # fit, epoch, batch, iteration of the checkpoint
     parts:dict|None = None # fit, epoch, iteration, quantity where the runs first differ (None: reproduced)
     quantities:dict = field(default_factory=dict) # quantity -> None (bit-identical) or where it first differs
-    prediction:str = '' # what the environment comparison before running predicted
-    env_before:list = field(default_factory=list) # recorded vs this machine, before the re-run (`env_differences`)
-    env_after:list = field(default_factory=list) # recorded vs the re-run's own record
+    prediction:str = '' # what the environment comparison before running predicted, and whether it held (`prediction`)
+    env_before:list = field(default_factory=list) # recorded vs a fresh interpreter here, before the re-run: predicted
+    env_after:list = field(default_factory=list) # recorded vs the re-run's own record: what happened
     data:str = '' # 'same', 'differs: ...' or 'not recorded'
     command:list = field(default_factory=list); out:str = ''
     timings:dict = field(default_factory=dict) # seconds: rebuild, environment, rerun, compare
@@ -167,19 +176,23 @@ class Reproduction:
         "The report as Markdown"
         p, t = self.position, self.timings
         rows = [f"| {q} | {'bit-identical' if w is None else w} |" for q, w in self.quantities.items()]
-        env = [f"| {d['field']} | {d['recorded']} | {d['here']} | {'yes' if d['bits'] else 'no'} |"
-               for d in self.env_after or self.env_before]
+        predicted = {d['field']: d['here'] for d in self.env_before}
+        # the re-run's record: its differences, and the fields only the prediction names, which it ran as recorded
+        ran = {**{d['field']: {**d, 'here': d['recorded'], 'bits': False} for d in self.env_before},
+               **{d['field']: d for d in self.env_after}}
+        env = [f"| {f} | {d['recorded']} | {d['here']} | {'yes' if d['bits'] else 'no'} | "
+               f"{predicted.get(f, d['recorded'])} |" for f, d in ran.items()]
         return '\n'.join([f"# Reproduction of {Path(self.checkpoint).name}", '', f"**{self.verdict}**", '',
             f"- commit `{self.commit[:12]}`, position: fit {p['fit']}, epoch {p['epoch']}, batch {p['batch']}, "
             f"iteration {p['iteration']}", f"- re-run: `{' '.join(map(str, self.command))}`",
-            f"- before running: {self.prediction}", f"- data: {self.data}",
+            f"- environment: {self.prediction}", f"- data: {self.data}",
             *([f"- where in the step: {self.where['text']}"] if self.where else []),
             *([f"- ledger: run {self.ledger_run}; this reproduction is run {self.record}"] if self.record else []),
             *[f"- trackers: verdict {line}" for line in self.trackers],
             '- seconds: ' + ', '.join(f"{k} {v:.1f}" for k, v in t.items()), '',
             '| quantity | first difference |', '|---|---|', *rows, '',
-            '| environment | recorded | re-run | changes bits |', '|---|---|---|---|',
-            *(env or ['| (none) | | | |']), ''])
+            '| environment | recorded | re-run | changes bits | predicted before the re-run |', '|---|---|---|---|---|',
+            *(env or ['| (none) | | | | |']), ''])
 
     def save(self, out:Path, traces:tuple|None=None):
         "Write report.md, report.json and, given the two traces, report.png (the losses, where they part)"

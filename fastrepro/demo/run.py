@@ -298,7 +298,7 @@ def check_reproduce(demo:Demo):
                       lambda: reproduce(ck, out, command=command, timeout=JOB_TIMEOUT_S, show=False))])[0]
     p, t = r.position, r.timings
     detail = (f"{ck.name} (fit {p['fit']}, epoch {p['epoch']}, after batch {p['batch']}, iteration {p['iteration']}): "
-              f"commit {r.commit[:8]} rebuilt in a temporary worktree; before running, {r.prediction}; "
+              f"commit {r.commit[:8]} rebuilt in a temporary worktree; {r.prediction}; "
               f"{r.verdict} ({len(r.quantities)} quantities compared; the re-run took {t['rerun']:.0f} s). "
               f"Report: {Path(r.out).name}/report.md.")
     return r.reproduced, detail, dict(verdict=r.verdict, exit_code=r.exit_code, position=p,
