@@ -338,7 +338,7 @@ class TraceFile:
                                      'lrs': torch.zeros(0, dtype=torch.float64)}}
 
 # %% ../../nbs/record/03_trace.ipynb #79df2ab8
-TRACE_FORMAT, TRACE_VERSION = 'fastrepro.trace', 3  # what a trace file says it is; 2: initial weights, 3: a gap
+TRACE_FORMAT, TRACE_VERSION = 'fastrepro.trace', 4  # what a trace file says it is; 2: initial weights, 3: a gap, 4: digest
 
 def save_trace(trace:pd.DataFrame, # a run trace, e.g. `learn.repro_trace`
                path, # the file to write (replaced atomically)
