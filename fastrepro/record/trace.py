@@ -368,7 +368,7 @@ def whole_state(state:dict, # a checkpoint's `ReproCB` state, in the current for
     trace['tail'] = joined_trace([r['trace'] for r in records] + [trace['tail']])
     if ROWS_DIGEST not in trace and GAP not in trace: trace[ROWS_DIGEST] = RowsDigest.of([trace['tail']]).hexdigest()
     res = {**{k: v for k, v in state.items() if k != 'beside'}, 'trace': trace}
-    if rec is not None:
+    if rec is not None and (pin is None or records):  # else its rows before `start` were in the missing file
         losses, lrs = logged_rows(records, rec['session'], rec['start'])
         res['recorder'] = {**rec, 'start': 0, 'losses': torch.cat([torch.stack(losses).cpu() if losses else
                                                                    torch.zeros(0), rec['losses']]),
