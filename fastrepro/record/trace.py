@@ -82,7 +82,8 @@ class Trace:
 
     def _file_digest(self) -> RowsDigest:
         "The `RowsDigest` of the trace file's rows: kept as they are appended, read from the file once after a load"
-        if self._digest is None: self._digest = RowsDigest.of(r['trace'] for r in (self.log.records() if self.log else []))
+        if self._digest is None:
+            self._digest = RowsDigest.of(r['trace'] for r in (self.log.records() if self.log else []))
         return self._digest
 
     def load_state_dict(self, d:dict, # from `state_dict`
@@ -338,7 +339,7 @@ class TraceFile:
                                      'lrs': torch.zeros(0, dtype=torch.float64)}}
 
 # %% ../../nbs/record/03_trace.ipynb #79df2ab8
-TRACE_FORMAT, TRACE_VERSION = 'fastrepro.trace', 4  # what a trace file says it is; 2: initial weights, 3: a gap, 4: digest
+TRACE_FORMAT, TRACE_VERSION = 'fastrepro.trace', 4  # what a trace file says it is; 2: start, 3: a gap, 4: digest
 
 def save_trace(trace:pd.DataFrame, # a run trace, e.g. `learn.repro_trace`
                path, # the file to write (replaced atomically)
