@@ -328,7 +328,7 @@ def _trace_file(info:dict) -> str:
     proof = f"; the digest of its rows is in the checkpoint (sha256 {digest[:12]})" if digest else ''
     if where == 'intact': return f"beside it, its part checked{proof}"
     if where == 'inside': return "inside the checkpoint"
-    return (f"missing{proof or ' (format 7 holds no digest of its rows)'}: "
+    return (f"missing{proof or ' (the checkpoint holds no digest of its rows)'}: "
             f"{' '.join(where[len('missing: '):].split())}")
 
 def show_text(info:dict) -> str:

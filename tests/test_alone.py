@@ -111,7 +111,7 @@ def test_older_formats_alone_and_inside(tmp_path, capsys):
     assert rc == 0 and 'not beside' not in out, out
     seven = _alone(FIXTURES/'v7_end.pth', tmp_path/'seven')
     rc, out, err = _run(capsys, 'show', seven)
-    assert rc == 0 and 'format       7' in out and 'missing (format 7 holds no digest of its rows)' in out, out
+    assert rc == 0 and 'format       7' in out and 'missing (the checkpoint holds no digest of its rows)' in out, out
     rc, out, err = _run(capsys, 'diff', FIXTURES/'v7_end.pth', seven)
     assert (rc, err) == (0, '') and 'its rows could not be compared' in out, out
 

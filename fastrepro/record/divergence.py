@@ -150,7 +150,7 @@ def unseen_rows(a:pd.DataFrame, # a run trace
     if not gaps: return None
     da, db = rows_digest(a), rows_digest(b)
     return ' and '.join(gaps) + (", its digest matches" if da and db and da == db else
-                                 ", its rows could not be compared (no digest of them: a checkpoint of format 7)")
+                                 ", its rows could not be compared (the checkpoint holds no digest of them)")
 
 
 # %% ../../nbs/record/03a_divergence.ipynb #b78fa6cb
