@@ -1,4 +1,4 @@
-"""`fastrepro env`, `fastrepro runs`, `fastrepro compare`, `fastrepro diff`, `fastrepro reproduce`, `fastrepro trust`, `fastrepro demo`: the environment, the ledger, honest comparisons, where two runs part, a run reproduced from one checkpoint (and someone else's trusted), and the reproducibility demo from a shell.
+"""`fastrepro env`, `fastrepro runs`, `fastrepro compare`, `fastrepro diff`, `fastrepro reproduce`, `fastrepro trust`, `fastrepro show`, `fastrepro demo`: the environment, the ledger, honest comparisons, where two runs part, a run reproduced from one checkpoint (and someone else's trusted), what a checkpoint holds, and the reproducibility demo from a shell.
 
 Docs: https://fastrepro.github.io/fastrepro/cli.html.md"""
 
@@ -17,7 +17,7 @@ from .experiments.ledger import Ledger, metrics_frame
 # %% auto #0
 __all__ = ['COMMANDS', 'EXIT_USAGE', 'EXIT_REGRESSION', 'LEDGER_ARG', 'COMPARE_NEEDS', 'CLIError', 'arg', 'command', 'parser',
            'main', 'env_command', 'open_ledger', 'sync_spools', 'runs_command', 'compare_command', 'diff_command',
-           'reproduce_command', 'trust_command', 'demo_command', 'selftest_command']
+           'reproduce_command', 'trust_command', 'show_text', 'show_command', 'demo_command', 'selftest_command']
 
 # %% ../nbs/90_cli.ipynb #37049b5c
 COMMANDS = {}  # subcommand name -> (function, arguments)
@@ -307,6 +307,65 @@ def trust_command(args):
         return EXIT_FAILED
     print(f"fastrepro trust: {args.checkpoint} is trusted: `fastrepro reproduce` runs the code it carries without "
           f"--trust (its signature is kept in {trusted_file()})")
+
+# %% ../nbs/90_cli.ipynb #4e2bce3f
+def _signed(info:dict) -> str:
+    "Who signed what checkpoint `info` would run, as far as this user's secret can tell (`record.trust`)"
+    from fastrepro.record.trust import sign_run, is_trusted, secret_file, SecretError
+    sig = info.get('signature')
+    if sig is None: return "unsigned (another user's fastrepro, or one before signatures): not trusted"
+    if not secret_file().exists(): return "signed, not by you (you have no secret here): not trusted"
+    try: mine, trusted = sign_run(info['git'], info['entry']), is_trusted(info['git'], info['entry'], sig)
+    except SecretError as e: return f"signed; not checked: {e}"
+    if sig == mine: return "signed by you"
+    return ("signed by someone else, trusted by you (`fastrepro trust`)" if trusted else
+            "signed by someone else (or changed since): not trusted; `fastrepro reproduce --plan FILE` shows what "
+            "it runs")
+
+def _trace_file(info:dict) -> str:
+    "Where checkpoint `info`'s per-iteration trace is, and what the checkpoint proves of it without the file"
+    where, digest = info['trace_file'], info.get('rows_sha256')
+    proof = f"; the digest of its rows is in the checkpoint (sha256 {digest[:12]})" if digest else ''
+    if where == 'intact': return f"beside it, its part checked{proof}"
+    if where == 'inside': return "inside the checkpoint"
+    return (f"missing{proof or ' (the checkpoint holds no digest of its rows)'}: "
+            f"{' '.join(where[len('missing: '):].split())}")
+
+def show_text(info:dict) -> str:
+    "What `fastrepro show` prints of `checkpoint_info(f)`"
+    name = Path(info['path']).name
+    if not info['fastrepro']:
+        return (f"{name}: a plain fastai or torch checkpoint ({'with' if info['has_opt'] else 'without'} optimizer "
+                "state): it holds no seed, code, environment or trace.")
+    git, env = info['git'] or {}, info['env']
+    state = 'dirty, its patch recorded' if git.get('dirty') else 'clean'
+    code = f"{git['commit'][:12]} ({state})" if git.get('commit') else 'none (not trained from a git repository)'
+    n_epoch = '?' if info['n_epoch'] is None else info['n_epoch']
+    rows = {'seed': info['seed'],
+            'position': f"fit {info['fit_idx']}, epoch {info['start_epoch']} of {n_epoch}, batch {info['batch']}, "
+                        f"iteration {info['iteration']}" + (' (its fit ended)' if info['fit_ended'] else ''),
+            'commit': code,
+            'environment': f"python {env.get('python')}, torch {env.get('torch')}, fastai {env.get('fastai')}, "
+                           f"{env.get('cpu')}, {env.get('num_threads')} thread(s), device {info['device']} "
+                           f"(env_hash {str(env.get('env_hash'))[:12]})",
+            'format': f"{info['format']}" + (f" ({'; '.join(info['upgrade_notes'])})" if info['upgrade_notes'] else ''),
+            'integrity': "every record's CRC-32 checked: intact",
+            'trace file': _trace_file(info),
+            'signed': _signed(info)}
+    return '\n'.join([f"{name}: a fastrepro checkpoint"] + _lines(rows))
+
+@command('show', arg('checkpoint', help='a checkpoint (.pth) a save wrote'),
+         arg('--json', action='store_true', help="print `checkpoint_info` as JSON"))
+def show_command(args):
+    ("Show what a checkpoint holds: seed, position, commit, environment, format, integrity, its trace file, who signed "
+     "it; runs nothing it carries (exit code 0: a readable checkpoint, 2: not one)")
+    with _library_imports(): from fastrepro.state.checkpoint import checkpoint_info, CheckpointError
+    path = Path(args.checkpoint)
+    if not path.exists(): raise CLIError(f"{path}: no such file; pass a checkpoint a save wrote (`learn.save`).")
+    try: info = checkpoint_info(path)
+    except CheckpointError as e: raise CLIError(' '.join(str(e).split())) from e
+    print(json.dumps(info, indent=1, default=str) if args.json else show_text(info))
+
 
 # %% ../nbs/90_cli.ipynb #07021f1a
 @command('demo', arg('--profile', default='fast',

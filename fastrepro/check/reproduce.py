@@ -10,7 +10,7 @@ import sys, json, time, shutil, posixpath, itertools
 from pathlib import Path, PurePosixPath
 import pandas as pd
 from ..state.checkpoint import CheckpointError, read_checkpoint, split_state, checkpoint_info
-from ..record.divergence import BEFORE_TRAINING
+from ..record.divergence import BEFORE_TRAINING, unseen_rows
 from ..experiments.store import LedgerError, REPRODUCTION, _one_line
 from ..experiments.ledger import Ledger
 from ..record.trackers import note_runs
@@ -163,7 +163,8 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
     quantities = compare_states(rec, again) if until is None else compare_digests(until, rec, again)
     after = env_differences(info['env'], again['facts']['env'])
     data = _data_verdict(record, again['facts'], _data(rec, again))
-    text, parts, code = verdict(quantities, pos, after, data)
+    unseen = unseen_rows(rec['trace'], again['trace'], (Path(checkpoint).name, 'the re-run'))  # never a difference
+    text, parts, code = verdict(quantities, pos, after, data, unseen)
     timings['compare'] = time.perf_counter() - t
     found = None
     if where and parts is not None and parts['iter'] != BEFORE_TRAINING and any(d['bits'] for d in after):

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, asdict
 from pathlib import Path
 import numpy as np, pandas as pd, torch
 from fastai.basics import *
-from ..record.trace import INITIAL_WEIGHTS
+from ..record.trace import INITIAL_WEIGHTS, ROWS_DIGEST
 from ..record.divergence import first_divergence, plot_losses, BEFORE_TRAINING
 from ..state.environment import env_diff
 from ..callback.preempt import checkpoint_digests
@@ -79,13 +79,22 @@ def _computed(name:str, state):
     drop = _NOT_COMPUTED.get(name, ())
     return {k: v for k, v in state.items() if k not in drop} if isinstance(state, dict) and drop else state
 
+def _held(ra:dict, rb:dict) -> dict:
+    ("`rb` with only the Recorder rows `ra` holds: from its `start` on, where the rows before it were in a trace file "
+     "not beside `a`'s checkpoint (`whole_state`); what is not there is not compared")
+    a, b = ra.get('recorder'), rb.get('recorder')
+    if not (a and b and a['start'] > b['start']): return rb
+    s = a['start'] - b['start']
+    return {**rb, 'recorder': {**b, 'start': a['start'], 'losses': b['losses'][s:], 'lrs': b['lrs'][s:]}}
+
 def compare_states(a:dict, b:dict) -> dict:
     ("Each quantity of two checkpoints -> None when bit-identical, else where it first differs: the "
      "trace, weights, optimizer state, generator states, loss-scale history and every other callback state")
     ca, cb = a['extra']['callbacks'], b['extra']['callbacks']
     ra, rb = (_computed('repro_cb', c['repro_cb']) for c in (ca, cb))
+    rb = _held(ra, rb)
     if 'end' not in ra: rb.pop('end', None)  # the recorded checkpoint's format (5 and older) kept no fit end
-    ia, ib = ra.pop('inside', None) or {}, rb.pop('inside', None) or {}
+    ia, ib = dict(ra.pop('inside', None) or {}), dict(rb.pop('inside', None) or {})  # popped from: copies
     d = first_divergence(a['trace'], b['trace'], detail=True)
     res = {'trace': d, 'weights': first_difference(a['model'], b['model'], 'model'),
            'optimizer state': first_difference(a['opt'], b['opt'], 'opt'),
@@ -100,7 +109,9 @@ DIGEST_QUANTITIES = {'weights': 'weights', 'optimizer state': 'optimizer', 'gene
 
 def _trace_before(trace:pd.DataFrame, pos:dict) -> pd.DataFrame:
     "The rows of `trace` a checkpoint written at `pos` holds: its iterations before `pos`'s"
-    return trace[(trace.fit < pos['fit']) | ((trace.fit == pos['fit']) & (trace.iter < pos['iteration']))]
+    res = trace[(trace.fit < pos['fit']) | ((trace.fit == pos['fit']) & (trace.iter < pos['iteration']))]
+    res.attrs = {k: v for k, v in trace.attrs.items() if k != ROWS_DIGEST}  # the digest of all its rows: not these
+    return res
 
 def compare_digests(entry:dict, # the manifest entry of a checkpoint `keep` deleted (`read_manifest`)
                     a:dict, # the run's newest checkpoint, as read: its trace holds the deleted one's
@@ -120,25 +131,33 @@ def _quantity(name:str, where) -> str:
     "The name of what first differs (`where`: the trace's divergence, or the path in the quantity)"
     if name != 'trace': return f"{name} ({where})"
     if where.missing: return f"the trace (run {where.missing} has no iteration {where.iter})"
+    if ROWS_DIGEST in where.columns: return "the trace's digest (its rows were not beside the checkpoint)"
     if INITIAL_WEIGHTS in where.columns: return 'the initial weights'
     return 'loss' if 'loss' in where.columns else f"the norm of {where.layer}"
 
-def verdict(quantities:dict, position:dict, env_after:list, data:str) -> tuple:
+def verdict(quantities:dict, position:dict, env_after:list, data:str,
+            unseen:str|None=None, # what was not compared: rows whose trace file was not there (`unseen_rows`)
+           ) -> tuple:
     "(verdict, parts, exit code) of compared quantities"
     if data.startswith('differs'): return f"the data differs ({data[len('differs: '):]})", None, EXIT_PARTS
     differ = [(q, w) for q, w in quantities.items() if w is not None]
-    if not differ: return "reproduced bit for bit", None, EXIT_REPRODUCED
+    if not differ:
+        if unseen is None: return "reproduced bit for bit", None, EXIT_REPRODUCED
+        return f"reproduced: weights, optimizer and generators bit-identical; {unseen}", None, EXIT_REPRODUCED
     q, w = differ[0]
     fit, epoch, it = (w.fit, w.epoch, w.iter) if q == 'trace' else (position[k] for k in ('fit', 'epoch', 'iteration'))
     parts = dict(fit=fit, epoch=epoch, iter=it, quantity=_quantity(q, w))
     why = _fmt_diffs(env_after)
+    by_digest = q == 'trace' and w.gap is not None  # parts in rows not at hand: known by their digest only
     if why: because = f"explained by the environment: {why}"
+    elif by_digest: because = "no recorded difference of the environment explains it"
     elif it == BEFORE_TRAINING or (fit, it) == (0, 0):
         because = ("no recorded difference of the environment explains it: the run starts from other weights or data "
                    "(built before the fit from unseeded generators? call `seed_everything(seed)` before building them)")
     else: because = ("no recorded difference of the environment explains it: the run reads something its record does "
                      "not hold (an environment variable, a file, the clock)")
     where = (f"before fit {fit}'s first iteration, in the initial weights" if it == BEFORE_TRAINING else
+             f"before fit {w.gap[0]}, iteration {w.gap[1]}, in {parts['quantity']}" if by_digest else
              f"at fit {fit}, epoch {epoch}, iteration {it}, first in {parts['quantity']}")
     return f"parts {where}; {because}", parts, EXIT_PARTS
 

@@ -1,4 +1,4 @@
-"""The first iteration at which two runs' traces differ and what differs there, a gap where a trace lacks rows, whether two runs are the same run bit for bit, their losses plotted, and `fastrepro diff` from the shell.
+"""The first iteration at which two runs' traces differ and what differs there, rows a trace lacks (its trace file not beside its checkpoint) compared by their digest, whether two runs are the same run bit for bit, their losses plotted, and `fastrepro diff` from the shell.
 
 Docs: https://fastrepro.github.io/fastrepro/record/divergence.html.md"""
 
@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fastai.basics import *
 from ..state.checkpoint import atomic_torch_save
-from .trace import TRACE_KEYS, TRACE_COLUMNS, INITIAL_WEIGHTS, GAP, NORM_PREFIX, norm_columns
-from .trace import compact_frame, trace_frame, load_trace, state_digest
+from .trace import TRACE_KEYS, TRACE_COLUMNS, INITIAL_WEIGHTS, GAP, ROWS_DIGEST, NORM_PREFIX
+from .trace import norm_columns, compact_frame, trace_frame, load_trace, state_digest, rows_digest
 
 # %% auto #0
-__all__ = ['BEFORE_TRAINING', 'DIFF_SAME', 'DIFF_DIFFER', 'DIFF_UNREADABLE', 'Divergence', 'first_divergence', 'RunRecord',
-           'same_run', 'plot_losses', 'fastrepro_diff']
+__all__ = ['BEFORE_TRAINING', 'DIFF_SAME', 'DIFF_DIFFER', 'DIFF_UNREADABLE', 'Divergence', 'first_divergence', 'unseen_rows',
+           'RunRecord', 'same_run', 'plot_losses', 'fastrepro_diff']
 
 # %% ../../nbs/record/03a_divergence.ipynb #95e5fe14
 BEFORE_TRAINING = -1  # the iteration `first_divergence` gives runs whose initial weights differ
@@ -29,8 +29,8 @@ class Divergence:
     columns:list = field(default_factory=list) # the compared columns that differ: 'loss', norm columns, in trace order
     values:dict = field(default_factory=dict) # column -> (value in trace A, value in trace B), for `columns`
     missing:str|None = None # 'A' or 'B' when that trace has no row at this (fit, iter)
-    gap:tuple|None = None # `(fit, iter)`: the `missing` trace lacks every row before it (`GAP`)
-    after:Divergence|None = None # with `gap`: where the runs part after it (None: nowhere)
+    gap:tuple|None = None # `(fit, iter)`: with `ROWS_DIGEST` in `columns`, the rows before it that were not at hand
+    unseen:str|None = None # with `gap`: whose rows those are ('A', 'B', 'A and B'): its trace file was not there
 
     @property
     def layer(self) -> str|None:
@@ -43,10 +43,11 @@ class Divergence:
             return (f"the initial weights, before fit {self.fit}'s first iteration: sha256 {a[:12]} vs {b[:12]} (a "
                     "learner built unseeded? call `seed_everything(seed)` before building the data and the learner)")
         where = f"fit {self.fit}, epoch {self.epoch}, iteration {self.iter}"
-        if self.gap is not None:
-            after = 'they are identical' if self.after is None else f"they part at {' '.join(str(self.after).split())}"
-            return (f"{where}: run {self.missing}'s trace has a gap from here to fit {self.gap[0]}, iteration "
-                    f"{self.gap[1]} (a checkpoint resumed without the trace file beside it); after the gap {after}.")
+        if ROWS_DIGEST in self.columns:
+            a, b = self.values[ROWS_DIGEST]
+            return (f"the rows before fit {self.gap[0]}, iteration {self.gap[1]}: the digests of the runs' rows differ "
+                    f"(sha256 {a[:12]} vs {b[:12]}); run {self.unseen}'s rows there were not at hand (the trace file "
+                    "was not beside its checkpoint), so the iteration where they part is not known.")
         if self.missing:
             other = 'B' if self.missing == 'A' else 'A'
             return f"{where}: only run {other} has this row; run {self.missing} ends or skips here."
@@ -84,20 +85,22 @@ def _from(t:pd.DataFrame, key:tuple) -> pd.DataFrame:
     return t[(fit > key[0]) | ((fit == key[0]) & (it >= key[1]))]
 
 def _divergence(a:pd.DataFrame, b:pd.DataFrame) -> Divergence|None:
-    ("Where traces `a` and `b` part: their initial weights, where both record them; a gap in one of them (`GAP`), "
-     "with where they part after it; then row by row")
+    ("Where traces `a` and `b` part: their initial weights, where both record them; then row by row, from the end of "
+     "a gap (`GAP`: rows whose trace file was not beside the checkpoint), and the rows before it by the digests of "
+     "all rows (`rows_digest`) where both are known; rows neither trace nor digest holds are never a difference")
     (wa, ga), (wb, gb) = ((t.attrs.get(INITIAL_WEIGHTS), t.attrs.get(GAP)) for t in (a, b))
+    da, db = (rows_digest(t) if ga or gb else None for t in (a, b))
     a, b = _keyed(a, 'A'), _keyed(b, 'B')
     if wa and wb and wa != wb:
         fit, epoch = (int(o) for o in a.reset_index()[['fit', 'epoch']].iloc[0]) if len(a) else (0, 0)
         return Divergence(fit, epoch, BEFORE_TRAINING, [INITIAL_WEIGHTS], {INITIAL_WEIGHTS: (wa, wb)})
     if ga is None and gb is None: return _rows_divergence(a, b)
-    which, end = max((o for o in (('A', ga), ('B', gb)) if o[1] is not None), key=lambda o: tuple(o[1]))
+    end = max(tuple(g) for g in (ga, gb) if g is not None)
     after = _rows_divergence(_from(a, end), _from(b, end))
-    other = b if which == 'A' else a
-    if not len(other) or tuple(other.index[0]) >= tuple(end): return after  # nothing of the other run is missing
-    fit, it = (int(o) for o in other.index[0])
-    return Divergence(fit, int(other.epoch.iloc[0]), it, missing=which, gap=tuple(end), after=after)
+    if after is not None or not (da and db) or da == db: return after
+    first = min([(*(int(o) for o in t.index[0]), int(t.epoch.iloc[0])) for t in (a, b) if len(t)] + [(*end, 0)])
+    return Divergence(first[0], first[2], first[1], [ROWS_DIGEST], {ROWS_DIGEST: (da, db)}, gap=end,
+                      unseen=' and '.join(w for w, g in (('A', ga), ('B', gb)) if g is not None))
 
 def _rows_divergence(a:pd.DataFrame, b:pd.DataFrame) -> Divergence|None:
     "Where the keyed traces `a` and `b` part, row by row"
@@ -135,6 +138,20 @@ def first_divergence(trace_a, # a run trace (`learn.repro_trace`), a `Learner` w
     for which, run, trace in (('A', trace_a, a), ('B', trace_b, b)):
         if isinstance(run, Learner): _note_divergence(run, which, d, trace)
     return d if detail or d is None else d.iter
+
+def unseen_rows(a:pd.DataFrame, # a run trace
+                b:pd.DataFrame, # the trace it was compared with (`first_divergence` found no difference)
+                names:tuple=('run A', 'run B'), # what to call each
+               ) -> str|None:
+    ("What the comparison of two traces could not see: the rows a trace lacks (its checkpoint's trace file was not "
+     "beside it), and whether the digests of all rows matched for them; None when no rows are missing")
+    gaps = [f"the per-iteration trace was not beside {n} (its rows before fit {t.attrs[GAP][0]}, iteration "
+            f"{t.attrs[GAP][1]})" for n, t in zip(names, (a, b)) if t.attrs.get(GAP)]
+    if not gaps: return None
+    da, db = rows_digest(a), rows_digest(b)
+    return ' and '.join(gaps) + (", its digest matches" if da and db and da == db else
+                                 ", its rows could not be compared (the checkpoint holds no digest of them)")
+
 
 # %% ../../nbs/record/03a_divergence.ipynb #b78fa6cb
 def _frame_tensors(df:pd.DataFrame|None) -> dict|None:
@@ -213,12 +230,15 @@ def plot_losses(runs:dict, # name -> `RunRecord` (or a trace DataFrame)
 # %% ../../nbs/record/03a_divergence.ipynb #166dd488
 DIFF_SAME, DIFF_DIFFER, DIFF_UNREADABLE = 0, 1, 2  # exit codes of `fastrepro diff`
 
-def _same_text(a:pd.DataFrame, b:pd.DataFrame) -> str:
+def _same_text(a:pd.DataFrame, b:pd.DataFrame, names:tuple) -> str:
     norms = [c for c in norm_columns(a) if c in b.columns]
-    res = (f"The runs are identical: {len(a)} iterations in {a['fit'].nunique()} fit(s), loss and {len(norms)} "
-           "parameter norm column(s) compared.")
+    n = len(a.merge(b[list(TRACE_KEYS)], on=list(TRACE_KEYS)))
+    res = (f"The runs are identical: {n} iterations in {a['fit'].nunique()} fit(s) in both traces, loss and "
+           f"{len(norms)} parameter norm column(s) compared.")
+    unseen = unseen_rows(a, b, names)
     only = sorted(set(norm_columns(a)) ^ set(norm_columns(b)))
-    return res + (f"\n{len(only)} norm column(s) in only one run were not compared." if only else '')
+    return res + (f"\n{unseen[0].upper()}{unseen[1:]}." if unseen else '') + (
+        f"\n{len(only)} norm column(s) in only one run were not compared." if only else '')
 
 def fastrepro_diff(a, # trace file or checkpoint of run A
                    b, # trace file or checkpoint of run B
@@ -230,5 +250,6 @@ def fastrepro_diff(a, # trace file or checkpoint of run A
         except Exception as e: return DIFF_UNREADABLE, f"fastrepro diff: cannot read run {which} ({p}): {e}"
     try: d = first_divergence(*traces, detail=True)
     except ValueError as e: return DIFF_UNREADABLE, f"fastrepro diff: {e}"
-    if d is None: return DIFF_SAME, _same_text(*traces)
+    if d is None: return DIFF_SAME, _same_text(*traces, (f"run A's checkpoint {Path(a).name}",
+                                                         f"run B's checkpoint {Path(b).name}"))
     return DIFF_DIFFER, f"The runs part at {d}"

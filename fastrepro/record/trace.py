@@ -6,7 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/record/trace.html.md"""
 
 # %% ../../nbs/record/03_trace.ipynb #3c1dccad
 from __future__ import annotations
-import uuid, pickle, zipfile, hashlib, warnings
+import uuid, json, pickle, zipfile, hashlib, warnings
 from fastai.basics import *
 from ..state.checkpoint import atomic_torch_save, read_checkpoint, split_state, upgrade_state
 from ..state.beside import BesideLog, MissingLogError, MAGIC, beside_path
@@ -14,9 +14,10 @@ from ..state.fastai_state import logged_rows, recorder_rows
 from ..state.checkpoint import DURABLE
 
 # %% auto #0
-__all__ = ['TRACE_EVERY', 'TRACE_KEYS', 'TRACE_COLUMNS', 'INITIAL_WEIGHTS', 'GAP', 'NORM_PREFIX', 'TRACE_FORMAT', 'TRACE_VERSION',
-           'norm_columns', 'Trace', 'compact_trace', 'expand_segments', 'joined_trace', 'trace_frame', 'compact_frame',
-           'TraceFile', 'save_trace', 'gap_end', 'whole_state', 'compact_of', 'load_trace', 'state_digest']
+__all__ = ['TRACE_EVERY', 'TRACE_KEYS', 'TRACE_COLUMNS', 'INITIAL_WEIGHTS', 'GAP', 'NORM_PREFIX', 'ROWS_DIGEST', 'TRACE_FORMAT',
+           'TRACE_VERSION', 'norm_columns', 'Trace', 'compact_trace', 'expand_segments', 'joined_trace', 'trace_frame',
+           'compact_frame', 'RowsDigest', 'rows_digest', 'TraceFile', 'save_trace', 'gap_end', 'whole_state',
+           'compact_of', 'load_trace', 'state_digest']
 
 # %% ../../nbs/record/03_trace.ipynb #89aeda15
 TRACE_EVERY = 10  # record the parameter norms every N training iterations (0: losses only)
@@ -25,6 +26,7 @@ TRACE_COLUMNS = ('fit', 'epoch', 'iter', 'loss')  # the columns every trace has
 INITIAL_WEIGHTS = 'initial_weights'  # the trace's record (in `DataFrame.attrs`) of the weights its run started from
 GAP = 'gap'  # the trace's record (in `DataFrame.attrs`) of the `(fit, iter)` before which its rows are missing
 NORM_PREFIX = 'norm:'  # the parameter-norm columns are named `NORM_PREFIX + parameter name`
+ROWS_DIGEST = 'rows_sha256'  # the trace's record (in `DataFrame.attrs`) of the digest of all its rows (`RowsDigest`)
 
 def norm_columns(trace:pd.DataFrame) -> list[str]:
     "The parameter-norm columns of `trace`, in its (the model's parameter) order"
@@ -39,7 +41,10 @@ class Trace:
         self.initial = None  # `state_digest` of the weights the run's first fit started from
         self.gap = None  # `(fit, iter)`: the rows before it are missing (a checkpoint resumed without its trace file)
         self.run, self.log, self._logged_names = uuid.uuid4().hex, None, None  # the trace file: its run, its prefix
+        self._digest = RowsDigest()  # of the rows in the trace file (None: not known yet, `_file_digest`)
         self._clear()
+
+    def __getstate__(self): return {**vars(self), '_digest': None}  # a hash object cannot be pickled (`learn.export`)
 
     def _clear(self):
         "Start the tail again: the rows recorded since the last `spool`"
@@ -66,12 +71,20 @@ class Trace:
 
     def state_dict(self) -> dict:
         ("What a checkpoint holds of the trace: the rows the trace file does not (`tail`: all of them without a file), "
-         "the events, the initial weights, a gap; the file's prefix is pinned beside it (`log.pin()`)")
+         "the events, the initial weights, a gap, the digest of every row; the file's prefix is pinned beside it "
+         "(`log.pin()`)")
         d = {'tail': self._tail()}
         if self.initial is not None: d[INITIAL_WEIGHTS] = self.initial
         if self.events: d['events'] = [list(e) for e in self.events]
         if self.gap is not None: d[GAP] = list(self.gap)
+        else: d[ROWS_DIGEST] = self._file_digest().copy().update(d['tail']).hexdigest()
         return d
+
+    def _file_digest(self) -> RowsDigest:
+        "The `RowsDigest` of the trace file's rows: kept as they are appended, read from the file once after a load"
+        if self._digest is None:
+            self._digest = RowsDigest.of(r['trace'] for r in (self.log.records() if self.log else []))
+        return self._digest
 
     def load_state_dict(self, d:dict, # from `state_dict`
                         log:BesideLog|None=None, # the trace file with the rows before `d`'s, checked (`BesideLog.open`)
@@ -84,7 +97,7 @@ class Trace:
         self.norm_rows, self.norms = (t['norm_rows'].tolist(), t['norms'].tolist()) if self.param_names else ([], [])
         self.events, self.initial = [tuple(e) for e in d.get('events', [])], d.get(INITIAL_WEIGHTS)
         self.gap = tuple(d[GAP]) if GAP in d else None
-        self.log, self._logged_names = log, None
+        self.log, self._logged_names, self._digest = log, None, None
         if log is not None: self.run = log.run
 
     def spool(self, path, # the trace file beside the checkpoint being written (`beside_path`)
@@ -93,12 +106,13 @@ class Trace:
              ):
         ("Append the rows since the last spool to the trace file `path`, and forget them; a file of another name (or "
          "run) is started with the rows this trace's file holds")
-        tail = self._tail()
+        tail, digest = self._tail(), self._file_digest()
         if self._logged_names == tail.get('param_names'): tail.pop('param_names', None)  # said once in the file
         record = {'trace': tail, **(more or {})}
         if self.log is not None and self.log.path == Path(path): self.log.append(record, durable)
         else: self.log = BesideLog.create(path, self.run, (self.log.records() if self.log else []) + [record], durable)
         self._logged_names = self.param_names
+        digest.update(tail)  # one pass over the new rows: the file is never read again for it
         self._clear()
 
     def _rows(self) -> dict:
@@ -138,6 +152,7 @@ def compact_trace(fit, epoch, it, loss, # one value per iteration
                   norms=(), # one row of norms per `norm_rows` entry
                   initial_weights:str|None=None, # `state_digest` of the weights the run started from
                   gap:tuple|None=None, # `(fit, iter)` before which the run's rows are missing
+                  rows_sha256:str|None=None, # the digest of all the run's rows (`RowsDigest`), missing ones included
                  ) -> dict:
     "A run trace in its compact form: tensors, a list of names, nothing else (`torch.load(weights_only=True)` reads it)"
     d = {'segments': torch.from_numpy(_segments(fit, epoch, it)),
@@ -148,6 +163,7 @@ def compact_trace(fit, epoch, it, loss, # one value per iteration
                  norms=torch.from_numpy(np.asarray(norms, dtype=np.float32).reshape(len(norm_rows), len(param_names))))
     if initial_weights is not None: d[INITIAL_WEIGHTS] = initial_weights
     if gap is not None: d[GAP] = list(gap)
+    if rows_sha256 is not None: d[ROWS_DIGEST] = rows_sha256
     return d
 
 def expand_segments(segments) -> tuple:
@@ -177,6 +193,7 @@ def trace_frame(d:dict) -> pd.DataFrame:
     df = pd.DataFrame({'fit': fit, 'epoch': epoch, 'iter': it, 'loss': d['loss'].numpy().astype(np.float32)})
     if d.get(INITIAL_WEIGHTS): df.attrs[INITIAL_WEIGHTS] = d[INITIAL_WEIGHTS]
     if d.get(GAP): df.attrs[GAP] = tuple(d[GAP])
+    if d.get(ROWS_DIGEST): df.attrs[ROWS_DIGEST] = d[ROWS_DIGEST]
     if d.get('param_names'):
         norms = np.full((len(df), len(d['param_names'])), np.nan, dtype=np.float32)
         norms[d['norm_rows'].numpy()] = d['norms'].numpy()
@@ -205,7 +222,59 @@ def compact_frame(trace:pd.DataFrame) -> dict:
     rows = np.flatnonzero(~np.isnan(norms).all(1)) if cols else []
     return compact_trace(trace.fit, trace.epoch, trace.iter, _exact_float32(trace.loss, 'loss column'),
                          [c[len(NORM_PREFIX):] for c in cols], rows, norms[rows] if cols else [],
-                         trace.attrs.get(INITIAL_WEIGHTS), trace.attrs.get(GAP))
+                         trace.attrs.get(INITIAL_WEIGHTS), trace.attrs.get(GAP), trace.attrs.get(ROWS_DIGEST))
+
+# %% ../../nbs/record/03_trace.ipynb #187aa916
+_ROW = np.dtype([('fit', '<i8'), ('epoch', '<i8'), ('iter', '<i8'), ('loss', '<f4')])  # a row, as digested
+
+class RowsDigest:
+    ("sha256 of a trace's rows from their values, updated chunk by chunk (compact traces of consecutive rows): the "
+     "same for the same rows however they were chunked")
+    def __init__(self):
+        self.rows, self.norms = hashlib.sha256(), hashlib.sha256()  # the rows; the norm rows (and names)
+        self.n, self.names, self.hashed = 0, None, None  # rows digested, the latest names, the latest names digested
+
+    def update(self, chunk:dict, # a compact trace: the rows after those digested so far
+              ) -> RowsDigest:
+        "Digest `chunk`'s rows (a chunk without parameter names has the names of the one before)"
+        fit, epoch, it = expand_segments(chunk['segments'].numpy())
+        rows = np.empty(len(fit), dtype=_ROW)
+        rows['fit'], rows['epoch'], rows['iter'], rows['loss'] = fit, epoch, it, chunk['loss'].numpy()
+        self.rows.update(rows.tobytes())
+        self.names = chunk.get('param_names') or self.names
+        if len(chunk.get('norm_rows', ())):
+            if self.names != self.hashed: self.norms.update(json.dumps(self.names).encode()); self.hashed = self.names
+            norms = np.empty(len(chunk['norm_rows']), dtype=[('row', '<i8'), ('norms', '<f4', (len(self.names),))])
+            norms['row'], norms['norms'] = chunk['norm_rows'].numpy() + self.n, chunk['norms'].numpy()
+            self.norms.update(norms.tobytes())
+        self.n += len(rows)
+        return self
+
+    def copy(self) -> RowsDigest:
+        "An independent copy (to digest a tail the running digest must not keep)"
+        res = RowsDigest()
+        res.rows, res.norms, res.n, res.names, res.hashed = (self.rows.copy(), self.norms.copy(), self.n, self.names,
+                                                             self.hashed)
+        return res
+
+    def hexdigest(self) -> str:
+        "The digest of every row so far"
+        return hashlib.sha256(self.rows.digest() + self.norms.digest()).hexdigest()
+
+    @classmethod
+    def of(cls, chunks) -> RowsDigest:
+        "The digest of `chunks`' rows, in order"
+        res = cls()
+        for c in chunks: res.update(c)
+        return res
+
+def rows_digest(trace:pd.DataFrame, # a run trace (`trace_frame`)
+               ) -> str|None:
+    ("The digest of all the rows of `trace`'s run: the one it carries (`ROWS_DIGEST`: a checkpoint's trace, its file "
+     "missing or not), else its rows', where none is missing; None when neither is known")
+    if ROWS_DIGEST in trace.attrs: return trace.attrs[ROWS_DIGEST]
+    return None if GAP in trace.attrs else RowsDigest().update(compact_frame(trace)).hexdigest()
+
 
 # %% ../../nbs/record/03_trace.ipynb #9e338ba4
 class TraceFile:
@@ -259,15 +328,18 @@ class TraceFile:
         run = log.run if log is not None else self.trace.run
         target = beside_path(file, run, rank_distrib())
         if log is not None and log.path == target: return state
-        rec, own = state['recorder'], {'trace': state['trace']['tail']}
+        rec, own, trace = state['recorder'], {'trace': state['trace']['tail']}, dict(state['trace'])
         if rec is not None: own['recorder'] = {k: rec[k] for k in ('session', 'start', 'losses', 'lrs')}
-        self.loaded = BesideLog.create(target, run, (log.records() if log is not None else []) + [own], DURABLE)
-        return {**state, 'beside': self.loaded.pin(), 'trace': {**state['trace'], 'tail': compact_trace(*[()] * 4)},
+        records = (log.records() if log is not None else []) + [own]
+        if ROWS_DIGEST not in trace and GAP not in trace:  # a checkpoint of format 7 or older: its rows are all here
+            trace[ROWS_DIGEST] = RowsDigest.of(r['trace'] for r in records).hexdigest()
+        self.loaded = BesideLog.create(target, run, records, DURABLE)
+        return {**state, 'beside': self.loaded.pin(), 'trace': {**trace, 'tail': compact_trace(*[()] * 4)},
                 'recorder': rec and {**rec, 'start': rec['start'] + len(rec['lrs']), 'losses': torch.zeros(0),
                                      'lrs': torch.zeros(0, dtype=torch.float64)}}
 
 # %% ../../nbs/record/03_trace.ipynb #79df2ab8
-TRACE_FORMAT, TRACE_VERSION = 'fastrepro.trace', 3  # what a trace file says it is; 2: initial weights, 3: a gap
+TRACE_FORMAT, TRACE_VERSION = 'fastrepro.trace', 4  # what a trace file says it is; 2: start, 3: a gap, 4: digest
 
 def save_trace(trace:pd.DataFrame, # a run trace, e.g. `learn.repro_trace`
                path, # the file to write (replaced atomically)
@@ -286,15 +358,18 @@ def whole_state(state:dict, # a checkpoint's `ReproCB` state, in the current for
                 path, # the checkpoint: its trace file is beside it
                ) -> dict:
     ("`state` with every row of its run in it, the trace file's that the checkpoint pins (checked) and its own: the "
-     "whole trace (with a gap where the file is missing) and the Recorder's rows; the pin left out")
+     "whole trace (with a gap where the file is missing) and the Recorder's rows; the pin left out. The trace holds "
+     "the digest of all its rows (`ROWS_DIGEST`): the checkpoint's, else (format 7 and older) its rows' where none "
+     "is missing")
     pin, trace, rec = state.get('beside'), dict(state['trace']), state['recorder']
     records = []
     if pin is not None:
         try: records = BesideLog.open(pin, path).records()
         except MissingLogError: trace[GAP] = trace.get(GAP) or gap_end(state)
     trace['tail'] = joined_trace([r['trace'] for r in records] + [trace['tail']])
+    if ROWS_DIGEST not in trace and GAP not in trace: trace[ROWS_DIGEST] = RowsDigest.of([trace['tail']]).hexdigest()
     res = {**{k: v for k, v in state.items() if k != 'beside'}, 'trace': trace}
-    if rec is not None:
+    if rec is not None and (pin is None or records):  # else its rows before `start` were in the missing file
         losses, lrs = logged_rows(records, rec['session'], rec['start'])
         res['recorder'] = {**rec, 'start': 0, 'losses': torch.cat([torch.stack(losses).cpu() if losses else
                                                                    torch.zeros(0), rec['losses']]),

@@ -30,7 +30,7 @@ __all__ = ['STATE_KEY', 'FORMAT_VERSION', 'TMP_PREFIX', 'DURABLE', 'BESIDE_BYTES
 
 # %% ../../nbs/state/08_checkpoint.ipynb #f299278a
 STATE_KEY = '__fastrepro__'   # where fastrepro's state lives inside the optimizer entry
-FORMAT_VERSION = 7            # the checkpoint layout; a change bumps it, and older ones keep loading (`upgrade_state`)
+FORMAT_VERSION = 8            # the checkpoint layout; a change bumps it, and older ones keep loading (`upgrade_state`)
 
 class CheckpointError(RuntimeError):
     "A checkpoint that cannot be used for an exact resume: corrupt, truncated, or from another model or data"
@@ -386,8 +386,9 @@ def checkpoint_info(path) -> dict:
         if name in _summaries: res.update(_summaries[name](state))
     parts = [extra['callbacks'], *extra.get('rank_callbacks', [])]
     logs = [o for part in parts for o in beside_logs(part, path).values()]
+    inside = 'inside' if 'repro_cb' in extra['callbacks'] else None  # format 6, or a file that could not be written
     res['trace_file'] = next((f"missing: {e}" for e in logs if isinstance(e, MissingLogError)),
-                             'intact' if logs else None)
+                             'intact' if logs else inside)
     return res
 
 # %% ../../nbs/state/08_checkpoint.ipynb #67357361

@@ -52,7 +52,9 @@ def _repro_summary(state:dict) -> dict:
     return dict(seed=state['seed'], fit_idx=pos['fit'], n_epoch=pos['n_epoch'], start_epoch=pos['epoch'],
                 batch=pos['batch'], iteration=pos['train_iter'], env=prov['env'], git=unpack_git(prov['git']),
                 entry=unpack_entry(prov['entry']), device=prov['device'], world_size=state['world_size'],
-                trackers=state['trackers'], fit_ended=_fit_ended(pos, state))
+                trackers=state['trackers'], fit_ended=_fit_ended(pos, state),
+                rows_sha256=state['trace'].get('rows_sha256'),  # `ROWS_DIGEST` (format 8 and later)
+                signature=prov.get('signature'))
 
 def _fit_ended(pos:dict, state:dict) -> bool:
     ("Was the checkpoint written once its fit had no epoch left (format 6 and later hold that end, `end_state`)? "
