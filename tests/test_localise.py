@@ -150,3 +150,54 @@ def test_other_kernels_part_and_a_process_per_side_names_the_layer(trained, tmp_
     assert w['first_op'] == 'aten._softmax' and w['where'] == 'at fit 0, iteration 0', w
     assert 'pin them on every machine' in w['text'] and w['text'] in r.verdict, r.verdict
     assert {f'where-{i}.json' for i in (0, 1)} <= {p.name for p in (tmp_path/'out').iterdir()}
+
+
+HASHED = '''"A model that buckets a word by Python's `hash()`: the process's PYTHONHASHSEED decides its bits"
+import sys
+from fastai.basics import *
+from fastai.test_utils import synth_learner
+from fastrepro.all import ReproCB, CheckpointCB, seed_everything
+
+class Bucket(nn.Module):
+    "Adds a number chosen by the bucket of a string's `hash()`: another bucket in a process of another hash seed"
+    def __init__(self): super().__init__(); self.table = nn.Parameter(torch.linspace(0, 1, 16))
+    def forward(self, x): return x + self.table[hash('fastrepro') % 16] * (self.step > 12)
+
+def make_learner(folder='replay'):
+    seed_everything(0)
+    model = nn.Sequential(nn.Linear(1, 16), nn.ReLU(), nn.Linear(16, 1), Bucket())
+    return synth_learner(path=folder, model=model, cbs=[ReproCB(seed=1, allow_dirty=True), Count(model[3])])
+
+class Count(Callback):
+    "The model's bucket is only used from iteration 12 on: the runs part there, after checkpoints they share"
+    def __init__(self, bucket): self.bucket = bucket
+    def before_batch(self): self.bucket.step = self.train_iter
+
+def fit(learn, start_epoch): learn.fit(2, 1e-2, start_epoch=start_epoch)
+
+def where(): return make_learner, fit
+
+if __name__ == '__main__':
+    learn = make_learner(sys.argv[1])
+    learn.add_cb(CheckpointCB(every_iters=2, keep=20))
+    learn.checkpoint_cb.save()  # before the fit, where both runs start alike
+    fit(learn, 0)
+'''
+
+
+def test_runs_parted_by_their_processes_are_not_called_bit_identical(tmp_path):
+    ("Two processes of other PYTHONHASHSEEDs part at iteration 13; replayed in one process the step is equal: the "
+     "processes part them, and their recorded environments say why")
+    root = _repo(tmp_path/'proj', {'hashed.py': HASHED, '.gitignore': '__pycache__/\n/A/\n/B/\n/replay/\n'})
+    for run, seed in (('A', '1'), ('B', '2')):
+        p = subprocess.run([sys.executable, 'hashed.py', run], cwd=root, env=_env(PYTHONHASHSEED=seed),
+                           capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        assert p.returncode == 0, p.stderr[-3000:]
+    p = subprocess.run([sys.executable, '-m', 'fastrepro.cli', 'diff', 'A/models/checkpoint.pth',
+                        'B/models/checkpoint.pth', '--learner', 'hashed:where'], cwd=root, env=_env(),
+                       capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert p.returncode == 1, (p.stdout, p.stderr[-3000:])
+    where = p.stdout.partition('Where in the step: ')[2]
+    assert where.startswith('the traces part at fit 0, iteration 13; replayed in one process, the '), p.stdout
+    assert where.rstrip().endswith('the difference comes from the processes; their recorded environments differ: '
+                                   'switches.pythonhashseed 1 -> 2'), p.stdout
