@@ -291,6 +291,7 @@ class StepDivergence:
     first_op:str|None = None # the first of them whose output differs
     where:str = '' # the step's place in the run, e.g. 'at fit 0, iteration 6'
     hint:str = '' # what the difference means and what to do
+    parted:str|None = None # where the runs themselves part, when their steps replayed in one process do not
     rerun:object = field(default=None, repr=False, compare=False) # `SideBySide` (or alike) that runs the sides again
 
     @property
@@ -307,7 +308,10 @@ class StepDivergence:
 
     def __str__(self):
         at = f" {self.where}" if self.where else ''
-        if self.same: return f"the {self.n_events} events of the step{at} are bit-identical {self._between()}"
+        same = f"the {self.n_events} events of the step{at} are bit-identical {self._between()}"
+        if self.same and self.parted: return (f"the traces part {self.parted}; replayed in one process, {same}: the "
+                                              f"difference comes from the processes; {self.hint}")
+        if self.same: return same
         e = self.event
         if self.other is not None and self.other.key != e.key:
             return (f"the step{at} runs other tensors {self._between()}: event {e.module} {e.pass_} {e.tensor} on one "

@@ -199,12 +199,17 @@ REPLAY = ("import sys, nbformat, nbclient; nb = nbformat.read(sys.argv[2], as_ve
           "nbformat.v4.new_code_cell(f'from fastrepro.check.rerun import stop_at; stop_at({sys.argv[1]!r})')); "
           "nbclient.NotebookClient(nb, kernel_name='python3', resources={'metadata': {'path': sys.argv[3]}}).execute()")
 
+_WARNING = re.compile(rb'\S.*:\d+: \w*Warning: ')  # how Python's `warnings` writes one: `file:line: Category: message`
+
 def _pump(stream, log:Path, show:bool):
-    "Copy the re-run's output to `log`, and to this process's output with `show` (its fastai progress bars)"
+    ("Copy the re-run's output to `log`, and to this process's output with `show` (its progress and own output); "
+     "its warnings, with the source line Python writes under each, stay in the log: they are the re-run's, not news")
+    warning = False
     with open(log, 'wb') as f:
         for line in iter(stream.readline, b''):
             f.write(line); f.flush()
-            if show: sys.stdout.write(line.decode(errors='replace')); sys.stdout.flush()
+            warning = bool(_WARNING.match(line)) or (warning and line[:1] in (b' ', b'\t'))
+            if show and not warning: sys.stdout.write(line.decode(errors='replace')); sys.stdout.flush()
 
 _ANSI = re.compile(r'\[[0-9;]*m')  # the colours of a kernel's tracebacks
 

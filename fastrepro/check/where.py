@@ -17,12 +17,14 @@ from ..state.integrity import older_checkpoints
 from ..callback.preempt import CheckpointCB, checkpoint_digests
 from ..record.divergence import first_divergence, BEFORE_TRAINING
 from .rebuild import EXIT_REPRODUCED
+from .verdict import env_differences
+from ..state.checkpoint import checkpoint_info
 from .localise import StepProbe, StepDivergence, Side, localise, localise_step
 from .localise import threads, switches, combine, HYPERS_HINT, AUDIT_HINT
 
 # %% auto #0
-__all__ = ['KERNEL_VARS', 'WHERE_NAME', 'env_settings', 'unplayable', 'kernel_env', 'env_side', 'WhereCB', 'ResumedRuns',
-           'where_runs_part']
+__all__ = ['KERNEL_VARS', 'WHERE_NAME', 'NOT_RECORDED_HINT', 'env_settings', 'unplayable', 'kernel_env', 'env_side', 'WhereCB',
+           'ResumedRuns', 'processes_differ', 'where_runs_part']
 
 # %% ../../nbs/check/07_where.ipynb #730f9b2e
 def env_settings(env:dict, # an `environment_info` (recorded, or a re-run's)
@@ -184,12 +186,25 @@ def _shared_start(a, b, before:tuple) -> tuple:
                          "before the fit (`learn.save`), where the runs start alike.")
     return ka[shared[0]][0], kb[shared[0]][0], shared[0]
 
+NOT_RECORDED_HINT = ("no difference of their recorded environments explains it: something the record does not hold "
+                     "differs between the processes (e.g. PYTHONHASHSEED, which sets Python's `hash()` of a string): "
+                     "start every run with it set alike")
+
+def processes_differ(a, b) -> str:
+    "What differs between the recorded environments of the runs of checkpoints `a` and `b`, as a verdict says it"
+    diffs = [d for d in env_differences(checkpoint_info(a)['env'], checkpoint_info(b)['env']) if d['bits']]
+    if not diffs: return NOT_RECORDED_HINT
+    return "their recorded environments differ: " + ', '.join(f"{d['field']} {d['recorded']} -> {d['here']}"
+                                                               for d in diffs)
+
 def where_runs_part(make_learner, # `make_learner()` builds the runs' learner (with `ReproCB`), as their script does
                     a, b, # a checkpoint of each run (`CheckpointCB`'s newest: the older ones beside it are found)
                     fit, # `fit(learn, start_epoch)`: the runs' fit call, or one per run (their hyper-parameters)
                    ) -> StepDivergence|None:
     ("Where two runs of this machine first part inside a step: each resumed from its checkpoint the two share, every "
-     "event of its steps digested up to the iteration where their traces part; None when the traces never part")
+     "event of its steps digested up to the iteration where their traces part; None when the traces never part. "
+     "When the replay in one process is bit-identical although the traces part, the answer says that the processes "
+     "part them, and what of their recorded environments differs")
     d = first_divergence(a, b, detail=True)
     if d is None: return None
     if d.iter == BEFORE_TRAINING or d.gap is not None or d.missing:
@@ -199,7 +214,9 @@ def where_runs_part(make_learner, # `make_learner()` builds the runs' learner (w
                       (d.fit, d.iter))
     res = localise(run, (f'run A ({Path(a).parent.parent.name}/{Path(fa).name})',
                          f'run B ({Path(b).parent.parent.name}/{Path(fb).name})'))
-    if res.same: return res
+    if res.same:  # the traces part, the replay does not: what parts them is the processes, not the step's settings
+        res.parted, res.hint = f"at fit {d.fit}, iteration {d.iter}", processes_differ(a, b)
+        return res
     k = next(i for i, e in enumerate(run.probes[0].probe.events) if e.key == res.event.key)
     res.where = f"at fit {d.fit}, iteration {run.probes[0].iteration(k)}"
     res.hint = HYPERS_HINT if res.event.pass_ == 'step' else AUDIT_HINT
