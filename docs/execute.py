@@ -99,10 +99,19 @@ def run_one(nb:Path, lib:str) -> tuple[bool, float]:
         else: os.environ['IN_TEST'] = prev
 
 
-def run_part(nbs:list[Path], lib:str) -> list[tuple[Path, bool, float]]:
-    "Notebooks `nbs` in this process, in order (nbdev-test's `basepath` on the path)"
+def threads(processes:int) -> int:
+    ("torch threads per notebook process: the machine's cores shared between the processes. Two processes of two "
+     "threads on two cores wait on each other's spinning threads: one epoch of the test profile's language model took "
+     "10.3 s on two threads and 2.9 s on one on a busy 2-core AMD EPYC (callback/01_repro took 418 s in CI)")
+    return max(1, (os.cpu_count() or 1) // processes)
+
+
+def run_part(nbs:list[Path], lib:str, n_threads:int) -> list[tuple[Path, bool, float]]:
+    "Notebooks `nbs` in this process, in order (nbdev-test's `basepath` on the path), on `n_threads` torch threads"
     if str(ROOT) not in sys.path: sys.path.insert(0, str(ROOT))
     os.environ.setdefault('MPLBACKEND', 'Agg')
+    import torch
+    torch.set_num_threads(n_threads)  # this process's share of the cores; the processes the notebooks start keep theirs
     res = []
     for nb in nbs:
         ok, secs = run_one(nb, lib)
@@ -137,10 +146,10 @@ def _execute(paths:list|None, workers:int, force:bool) -> dict:
             for part in parts(every, max(1, min(workers, len(every))))]
     todo = [t for t in todo if t]
     start = time.time()
-    if len(todo) == 1: results = run_part(todo[0], lib)
+    if len(todo) == 1: results = run_part(todo[0], lib, threads(1))
     elif todo:
         with ProcessPoolExecutor(len(todo), mp_context=multiprocessing.get_context('fork')) as ex:
-            results = [r for rs in ex.map(run_part, todo, [lib]*len(todo)) for r in rs]
+            results = [r for rs in ex.map(run_part, todo, [lib]*len(todo), [threads(len(todo))]*len(todo)) for r in rs]
     else: results = []
     failed = [nb for nb, ok, _ in results if not ok]
     n = sum(map(len, todo))
