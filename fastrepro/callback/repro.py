@@ -28,8 +28,7 @@ from ..experiments.fit_record import FitRecord
 from ..record.trackers import FitTrackers
 
 # %% auto #0
-__all__ = ['SEED_DRAW_BITS', 'UNSEEDED_START', 'MOVED_TO_RECORD', 'FitProvenance', 'UnseededStartWarning', 'FitStart', 'ReproCB',
-           'repro_state']
+__all__ = ['SEED_DRAW_BITS', 'UNSEEDED_START', 'FitProvenance', 'UnseededStartWarning', 'FitStart', 'ReproCB', 'repro_state']
 
 # %% ../../nbs/callback/01_repro.ipynb #7e6d10e3
 SEED_DRAW_BITS = 31    # seeds drawn when none is given: short enough to type back
@@ -161,16 +160,6 @@ def _loaded_seed(seed:int|None, d:dict) -> int:
                       f"seed={seed}. The checkpoint's seed is used, so the resumed run continues its streams.")
     return d['seed']
 
-# ReproCB's own arguments until a fit's ledger record became a `FitRecord`
-MOVED_TO_RECORD = ('experiment', 'variant', 'metric_version', 'tags')
-
-def _refuse_moved(moved:dict):
-    "Arguments `ReproCB` no longer takes: one line saying where they went (Python's own message for any other)"
-    other = [k for k in moved if k not in MOVED_TO_RECORD]
-    if other: raise TypeError(f"ReproCB.__init__() got an unexpected keyword argument {other[0]!r}")
-    if moved: raise TypeError(f"ReproCB({', '.join(f'{k}=' for k in moved)}...): these moved to the fit's ledger "
-                              "record: ReproCB(ledger=FitRecord(ledger, experiment, variant, metric_version, tags))")
-
 class ReproCB(Callback):
     "Own every generator of a fastai run: seeds and streams, deterministic switches, provenance, trace, exact resume"
     order = -20  # before TrainEvalCallback (-10): the epoch barrier reseeds before any other callback draws
@@ -188,9 +177,7 @@ class ReproCB(Callback):
         allow_cudnn_rnn_dropout:bool=False, # accept cuDNN's uncapturable RNN dropout on CUDA
         rank_streams:bool=True, # distributed runs: each rank's dropout and other model-side draws from its own streams
         allow_world_size_change:bool=False, # resume, at an epoch boundary, a checkpoint of another number of processes
-        **moved, # an argument of an earlier release (`experiment`, `tags`, ...): refused, saying where it went
     ):
-        _refuse_moved(moved)
         store_attr('seed,deterministic_data,per_item,rank_streams,allow_world_size_change')
         self.seed_set = seed  # the seed the user gave: part of what identifies the run (a drawn one is not)
         self.switches, self.trace = FitSwitches(deterministic, warn_only, portable), Trace(trace_every)
