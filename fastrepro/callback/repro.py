@@ -12,7 +12,7 @@ from ..state.core import *
 from ..state.rng import derive_seed, seed_global, rng_states, torch_seeded
 from ..state.kernels import FitSwitches
 from ..state.checkpoint import *
-from ..state.formats import pack_git, pack_entry
+from ..state.formats import pack_git, pack_entry, _fit_ended
 from ..record.trust import signature_or_none
 from ..state.resume import Position, ResumePlan, inside_state, end_state, restore_end
 from ..state.fastai_state import recorder_state, grad_presence, fastai_callback_states
@@ -286,13 +286,8 @@ def repro_state(cb:ReproCB) -> dict:
                trackers=cb.trackers.state(), fastai_callbacks=fastai_callback_states(learn), world_size=world_size())
     if not cb.deterministic_data: res['loader_orders'] = loader_orders(learn.dls)
     if cb.position.batch: res['inside'] = inside_state(learn, cb._train_end, cb.deterministic_data and cb.active)
-    if _fit_over(cb): res['end'] = end_state(learn)
+    if cb.position.fit >= 0 and (not cb.active or _fit_ended(res['position'])): res['end'] = end_state(learn)
     return res
-
-def _fit_over(cb:ReproCB) -> bool:
-    "Has the learner's fit no epoch left (ended, cancelled, or after its last epoch)? Its end is then known"
-    pos = cb.position
-    return pos.fit >= 0 and (not cb.active or (pos.batch == 0 and pos.epoch >= pos.n_epoch))
 
 @patch(as_prop=True)
 def repro_trace(self:Learner) -> pd.DataFrame:

@@ -17,19 +17,18 @@ from .core import *
 from .distrib import distributed, gather
 from .data import data_signature
 from .integrity import IntegrityError, zip_records, check_crcs, record_holds, missing_storages
-from .integrity import damage_line
+from .integrity import damage_line, STATE_KEY
 from .formats import SUMMARIES, UPGRADES
 from .beside import BesideLog, DamagedLogError, MissingLogError
 
 # %% auto #0
-__all__ = ['STATE_KEY', 'FORMAT_VERSION', 'TMP_PREFIX', 'DURABLE', 'BESIDE_BYTES', 'CheckpointError', 'ResumeError',
-           'atomic_torch_save', 'CheckpointWriteError', 'write_failure', 'DamagedCheckpointError', 'checked_file',
-           'fastai_safe_globals', 'read_checkpoint', 'split_state', 'model_signature', 'check_compatible',
-           'checkpoint_state', 'callback_states', 'to_plain', 'beside_logs', 'checkpoint_summary', 'checkpoint_info',
-           'checkpoint_upgrade', 'upgrade_state']
+__all__ = ['FORMAT_VERSION', 'TMP_PREFIX', 'DURABLE', 'BESIDE_BYTES', 'CheckpointError', 'ResumeError', 'atomic_torch_save',
+           'CheckpointWriteError', 'write_failure', 'DamagedCheckpointError', 'checked_file', 'fastai_safe_globals',
+           'read_checkpoint', 'split_state', 'model_signature', 'check_compatible', 'checkpoint_state',
+           'callback_states', 'to_plain', 'beside_logs', 'checkpoint_summary', 'checkpoint_info', 'checkpoint_upgrade',
+           'upgrade_state']
 
 # %% ../../nbs/state/08_checkpoint.ipynb #f299278a
-STATE_KEY = '__fastrepro__'   # where fastrepro's state lives inside the optimizer entry
 FORMAT_VERSION = 8            # the checkpoint layout; a change bumps it, and older ones keep loading (`upgrade_state`)
 
 class CheckpointError(RuntimeError):
