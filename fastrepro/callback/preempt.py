@@ -111,7 +111,7 @@ def _record(path:Path):
         warnings.warn(f"CheckpointCB: the digests of {path} could not be added to {manifest_path(path)} ({e}); the "
                       "checkpoint itself is written. `reproduce_segments` cannot end a segment there.")
 
-class CheckpointCB(Callback):
+class CheckpointCB(Callback, ReproEvents):
     "Checkpoints inside epochs (every N iters or T seconds), at SIGTERM/SIGUSR1 before exiting, and rerun-to-continue"
     order = 90  # after the other callbacks' `after_batch` and `after_fit` (Recorder 50, trackers 60-63): a whole state
     def __init__(self,

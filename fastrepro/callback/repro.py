@@ -160,7 +160,7 @@ def _loaded_seed(seed:int|None, d:dict) -> int:
                       f"seed={seed}. The checkpoint's seed is used, so the resumed run continues its streams.")
     return d['seed']
 
-class ReproCB(Callback):
+class ReproCB(Callback, ReproEvents):
     "Own every generator of a fastai run: seeds and streams, deterministic switches, provenance, trace, exact resume"
     order = -20  # before TrainEvalCallback (-10): the epoch barrier reseeds before any other callback draws
     def __init__(self,

@@ -270,7 +270,7 @@ def save(self:Learner, file, **kwargs):
     "fastai's `Learner.save`; with stateful callbacks attached it stores their state (every rank's), atomically"
     if not _extends(self) or (rank_distrib() and not distributed()): return _fastai_save(self, file, **kwargs)
     file = join_path_file(file, self.path/self.model_dir, ext='.pth')
-    for cb in stateful_cbs(self).filter(lambda o: callable(getattr(o, 'before_save', None))): cb.before_save(file)
+    for write in filter(None, [own_event(cb, 'before_save') for cb in stateful_cbs(self)]): write(file)
     states = gather(callback_states(self))  # in a distributed run, every rank's, on rank 0 (which alone writes)
     if states is not None:
         opt = getattr(self, 'opt', None)
@@ -312,8 +312,7 @@ def _hand_over(learn, saved, file, notes, logs):
             warnings.warn(f"{file} holds no state for the attached callback `{cb.name}`; it starts fresh.")
             continue
         cb.load_state_dict(saved[cb.name])
-        after_load = getattr(cb, 'after_load', None)
-        if callable(after_load): after_load(file, logs.get(cb.name))
+        if after_load := own_event(cb, 'after_load'): after_load(file, logs.get(cb.name))
     missing = set(saved) - set(cbs.attrgot('name'))
     if missing: warnings.warn(f"{file} holds state for callbacks that are not attached: {sorted(missing)}; "
                               "attach them before `load` to resume exactly.")
