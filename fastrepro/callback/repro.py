@@ -202,13 +202,7 @@ class ReproCB(Callback, ReproEvents):
         if self.deterministic_data:
             make_deterministic(self.dls, derive_seed(self.seed, 'data'), per_item=self.per_item, rank=rank_distrib())
         self.plan.check_loader(self.dls.train)
-        self.trace.initial = self.start.initial_weights(self.learn, self.trace, self.plan.state)  # before any seeding
-        if self.plan.epoch == 0:
-            seed_global(derive_seed(self.seed, self.position.fit, 'fit', *_rank_stream(self.rank_streams)))
-        resumed = self.plan.resumed or {}
-        self.record.start(self.learn, self.seed, self.position.fit, self.plan.epoch, self.provenance.prov,
-                          resumed=resumed.get('ledger_run'), initial_weights=self.trace.initial)
-        self.trackers.start(self.learn, self.seed, self.provenance.prov, self.record, resumed.get('trackers'))
+        _start_run(self)
     def before_epoch(self):
         if not self.active: return
         self.plan.unsilence()  # every epoch's start reaches all: `SkipToEpoch` must cancel each skipped one
@@ -238,18 +232,8 @@ class ReproCB(Callback, ReproEvents):
     def after_cancel_epoch(self):
         if self.active and self.epoch < self.plan.epoch: self.plan.silence(self.learn, self)  # skipped by `SkipToEpoch`
     def after_cancel_fit(self): self.cancelled = True
-    def after_fit(self): self._end_fit()
-    def after_fit_exception(self, exc): self._end_fit(exc)
-    def _end_fit(self, exc:BaseException|None=None):
-        "Put back what the fit changed, and complete its record; also when it raised"
-        if not self.active: return
-        if self.plan is not None: self.plan.unsilence()  # None: the plan refused the fit
-        self.active, self.plan, self._train_end = False, None, None
-        self.switches.off()
-        if self.deterministic_data: undo_deterministic(self.dls)
-        self.trace.flush()
-        self.record.end(self.learn, exc, self.cancelled)
-        self.trackers.end()
+    def after_fit(self): _end_run(self)
+    def after_fit_exception(self, exc): _end_run(self, exc)
     def state_dict(self) -> dict:
         "Where the run stands and what a fit that resumes it needs (`repro_state`), `weights_only`-safe"
         return self.pending if self.pending is not None else repro_state(self)  # loaded, not fitted since: the same
@@ -275,6 +259,26 @@ class ReproCB(Callback, ReproEvents):
         self.trace.note(self.learn.train_iter, event); self.record.note(event)
 
 # %% ../../nbs/callback/01_repro.ipynb #9e1a0aa7
+def _start_run(cb:ReproCB):
+    "Take the weights the run starts from, seed a fit that starts at its first epoch, start its records"
+    cb.trace.initial = cb.start.initial_weights(cb.learn, cb.trace, cb.plan.state)  # before any seeding
+    if cb.plan.epoch == 0: seed_global(derive_seed(cb.seed, cb.position.fit, 'fit', *_rank_stream(cb.rank_streams)))
+    resumed = cb.plan.resumed or {}
+    cb.record.start(cb.learn, cb.seed, cb.position.fit, cb.plan.epoch, cb.provenance.prov,
+                    resumed=resumed.get('ledger_run'), initial_weights=cb.trace.initial)
+    cb.trackers.start(cb.learn, cb.seed, cb.provenance.prov, cb.record, resumed.get('trackers'))
+
+def _end_run(cb:ReproCB, exc:BaseException|None=None):
+    "Put back what `cb`'s fit changed, and complete its records; also when it raised `exc`"
+    if not cb.active: return
+    if cb.plan is not None: cb.plan.unsilence()  # None: the plan refused the fit
+    cb.active, cb.plan, cb._train_end = False, None, None
+    cb.switches.off()
+    if cb.deterministic_data: undo_deterministic(cb.dls)
+    cb.trace.flush()
+    cb.record.end(cb.learn, exc, cb.cancelled)
+    cb.trackers.end()
+
 def repro_state(cb:ReproCB) -> dict:
     "ReproCB's part of a checkpoint written now: where the run stands and what a fit that resumes it needs"
     learn, rec = cb.learn, getattr(cb.learn, 'recorder', None)
