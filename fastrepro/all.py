@@ -10,6 +10,7 @@ __all__ = []
 # %% ../nbs/99_all.ipynb #db03c2a0
 # modules a user calls nothing of, imported so that every patch applies (`core`: Learner.fit; `distrib`: DistributedDL)
 from .state import core, resume, distrib
+from .state.core import ReproEvents  # the events a callback may add (`plan_fit`, `before_save`, ...)
 from .state.rng import seed_everything, derive_seed, rng_states, restore_rng_states
 from .state.portable import portable_env
 from .state.kernels import set_deterministic, deterministic_switches, set_switches

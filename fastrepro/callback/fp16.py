@@ -73,7 +73,7 @@ def _hist_to_lists(hist:dict) -> dict: return {c: _column_list(hist[c]) for c in
 _STATE_KEYS = ('amp_mode', 'scaler', 'n_fits', 'iter', 'epoch_end_iter', 'history')  # what `state_dict` returns
 
 @delegates(GradScaler, but=['device', 'enabled'])
-class ReproMixedPrecision(MixedPrecision):
+class ReproMixedPrecision(MixedPrecision, ReproEvents):
     "fastai's `MixedPrecision` on the learner's device, with its loss scale recorded, kept, plotted and checkpointed"
     name = 'mixed_precision'  # fastai's `to_fp32`, `load_learner(cpu=True)` and its TensorBoard callback look for it
     def __init__(self,

@@ -23,9 +23,9 @@ from ..state.resume import inside_problem, run_identity, run_difference, fit_sch
 from ..state.resume import RunLock, LOCK_SUFFIX, ForeignRunError
 
 # %% auto #0
-__all__ = ['PREEMPT_SIGNALS', 'SIGNAL_EXIT_BASE', 'SAVE_FAILED_EXIT', 'MANIFEST_SUFFIX', 'POSITION_KEYS', 'DIGEST_KEYS',
-           'DAMAGED_SUFFIX', 'states_digest', 'checkpoint_digests', 'manifest_path', 'read_manifest', 'manifest_key',
-           'add_to_manifest', 'CheckpointCB', 'Autoresume']
+__all__ = ['PREEMPT_SIGNALS', 'SIGNAL_EXIT_BASE', 'SAVE_FAILED_EXIT', 'MANIFEST_SUFFIX', 'POSITION_KEYS', 'DAMAGED_SUFFIX',
+           'states_digest', 'checkpoint_digests', 'manifest_path', 'read_manifest', 'manifest_key', 'add_to_manifest',
+           'CheckpointCB', 'Autoresume']
 
 # %% ../../nbs/callback/03_preempt.ipynb #160dd579
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # what Kubernetes, spot terminations and SLURM's `--signal` send
@@ -51,7 +51,6 @@ def _tell(msg:str, **kwargs):
 # %% ../../nbs/callback/03_preempt.ipynb #01ea962e
 MANIFEST_SUFFIX = '.digests.jsonl'  # `{fname}.digests.jsonl` beside `{fname}.pth`: one JSON line per checkpoint written
 POSITION_KEYS = ('fit', 'epoch', 'batch', 'iteration')  # where a checkpoint was written (`StopAtCB` stops there)
-DIGEST_KEYS = ('weights', 'optimizer', 'generators')  # what the manifest records of each checkpoint
 
 def states_digest(o) -> str|None:
     ("sha256 of a nested state (dicts, lists and tuples of tensors and plain values): its tensors' names, dtypes, "
@@ -112,7 +111,7 @@ def _record(path:Path):
         warnings.warn(f"CheckpointCB: the digests of {path} could not be added to {manifest_path(path)} ({e}); the "
                       "checkpoint itself is written. `reproduce_segments` cannot end a segment there.")
 
-class CheckpointCB(Callback):
+class CheckpointCB(Callback, ReproEvents):
     "Checkpoints inside epochs (every N iters or T seconds), at SIGTERM/SIGUSR1 before exiting, and rerun-to-continue"
     order = 90  # after the other callbacks' `after_batch` and `after_fit` (Recorder 50, trackers 60-63): a whole state
     def __init__(self,
@@ -190,7 +189,7 @@ class CheckpointCB(Callback):
         ("Record whose run this fit is; with `autoresume`: skip this fit when an earlier run of it completed it, "
          "continue it where one stopped it")
         self.identity = self.resume.identity(n_epoch, **fit_call)
-        return self.resume.plan(n_epoch, start_epoch) if self.autoresume else start_epoch
+        return self.resume.plan(start_epoch) if self.autoresume else start_epoch
 
     def _late(self) -> bool:
         "Is a checkpoint due by the clock? (rank 0's: the ranks' clocks differ)"
@@ -274,7 +273,7 @@ class Autoresume:
         return run_identity(repro.seed_set, command, model_signature(learn.model)['digest'],
                             data_fingerprint(learn.dls), n_epoch, fit_schedule(learn, lr, wd, cbs))
 
-    def plan(self, n_epoch:int, start_epoch:int) -> int|None:
+    def plan(self, start_epoch:int) -> int|None:
         "Skip this fit when an earlier run of it completed it (None), or the epoch to continue it at"
         cb = self.cb
         cb.fit_number = n = next(_script_fits)

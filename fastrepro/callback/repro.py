@@ -12,7 +12,7 @@ from ..state.core import *
 from ..state.rng import derive_seed, seed_global, rng_states, torch_seeded
 from ..state.kernels import FitSwitches
 from ..state.checkpoint import *
-from ..state.formats import pack_git, pack_entry
+from ..state.formats import pack_git, pack_entry, _fit_ended
 from ..record.trust import signature_or_none
 from ..state.resume import Position, ResumePlan, inside_state, end_state, restore_end
 from ..state.fastai_state import recorder_state, grad_presence, fastai_callback_states
@@ -28,8 +28,7 @@ from ..experiments.fit_record import FitRecord
 from ..record.trackers import FitTrackers
 
 # %% auto #0
-__all__ = ['SEED_DRAW_BITS', 'UNSEEDED_START', 'MOVED_TO_RECORD', 'FitProvenance', 'UnseededStartWarning', 'FitStart', 'ReproCB',
-           'repro_state']
+__all__ = ['SEED_DRAW_BITS', 'UNSEEDED_START', 'FitProvenance', 'UnseededStartWarning', 'FitStart', 'ReproCB', 'repro_state']
 
 # %% ../../nbs/callback/01_repro.ipynb #7e6d10e3
 SEED_DRAW_BITS = 31    # seeds drawn when none is given: short enough to type back
@@ -161,17 +160,7 @@ def _loaded_seed(seed:int|None, d:dict) -> int:
                       f"seed={seed}. The checkpoint's seed is used, so the resumed run continues its streams.")
     return d['seed']
 
-# ReproCB's own arguments until a fit's ledger record became a `FitRecord`
-MOVED_TO_RECORD = ('experiment', 'variant', 'metric_version', 'tags')
-
-def _refuse_moved(moved:dict):
-    "Arguments `ReproCB` no longer takes: one line saying where they went (Python's own message for any other)"
-    other = [k for k in moved if k not in MOVED_TO_RECORD]
-    if other: raise TypeError(f"ReproCB.__init__() got an unexpected keyword argument {other[0]!r}")
-    if moved: raise TypeError(f"ReproCB({', '.join(f'{k}=' for k in moved)}...): these moved to the fit's ledger "
-                              "record: ReproCB(ledger=FitRecord(ledger, experiment, variant, metric_version, tags))")
-
-class ReproCB(Callback):
+class ReproCB(Callback, ReproEvents):
     "Own every generator of a fastai run: seeds and streams, deterministic switches, provenance, trace, exact resume"
     order = -20  # before TrainEvalCallback (-10): the epoch barrier reseeds before any other callback draws
     def __init__(self,
@@ -188,9 +177,7 @@ class ReproCB(Callback):
         allow_cudnn_rnn_dropout:bool=False, # accept cuDNN's uncapturable RNN dropout on CUDA
         rank_streams:bool=True, # distributed runs: each rank's dropout and other model-side draws from its own streams
         allow_world_size_change:bool=False, # resume, at an epoch boundary, a checkpoint of another number of processes
-        **moved, # an argument of an earlier release (`experiment`, `tags`, ...): refused, saying where it went
     ):
-        _refuse_moved(moved)
         store_attr('seed,deterministic_data,per_item,rank_streams,allow_world_size_change')
         self.seed_set = seed  # the seed the user gave: part of what identifies the run (a drawn one is not)
         self.switches, self.trace = FitSwitches(deterministic, warn_only, portable), Trace(trace_every)
@@ -215,13 +202,7 @@ class ReproCB(Callback):
         if self.deterministic_data:
             make_deterministic(self.dls, derive_seed(self.seed, 'data'), per_item=self.per_item, rank=rank_distrib())
         self.plan.check_loader(self.dls.train)
-        self.trace.initial = self.start.initial_weights(self.learn, self.trace, self.plan.state)  # before any seeding
-        if self.plan.epoch == 0:
-            seed_global(derive_seed(self.seed, self.position.fit, 'fit', *_rank_stream(self.rank_streams)))
-        resumed = self.plan.resumed or {}
-        self.record.start(self.learn, self.seed, self.position.fit, self.plan.epoch, self.provenance.prov,
-                          resumed=resumed.get('ledger_run'), initial_weights=self.trace.initial)
-        self.trackers.start(self.learn, self.seed, self.provenance.prov, self.record, resumed.get('trackers'))
+        _start_run(self)
     def before_epoch(self):
         if not self.active: return
         self.plan.unsilence()  # every epoch's start reaches all: `SkipToEpoch` must cancel each skipped one
@@ -251,18 +232,8 @@ class ReproCB(Callback):
     def after_cancel_epoch(self):
         if self.active and self.epoch < self.plan.epoch: self.plan.silence(self.learn, self)  # skipped by `SkipToEpoch`
     def after_cancel_fit(self): self.cancelled = True
-    def after_fit(self): self._end_fit()
-    def after_fit_exception(self, exc): self._end_fit(exc)
-    def _end_fit(self, exc:BaseException|None=None):
-        "Put back what the fit changed, and complete its record; also when it raised"
-        if not self.active: return
-        if self.plan is not None: self.plan.unsilence()  # None: the plan refused the fit
-        self.active, self.plan, self._train_end = False, None, None
-        self.switches.off()
-        if self.deterministic_data: undo_deterministic(self.dls)
-        self.trace.flush()
-        self.record.end(self.learn, exc, self.cancelled)
-        self.trackers.end()
+    def after_fit(self): _end_run(self)
+    def after_fit_exception(self, exc): _end_run(self, exc)
     def state_dict(self) -> dict:
         "Where the run stands and what a fit that resumes it needs (`repro_state`), `weights_only`-safe"
         return self.pending if self.pending is not None else repro_state(self)  # loaded, not fitted since: the same
@@ -288,6 +259,26 @@ class ReproCB(Callback):
         self.trace.note(self.learn.train_iter, event); self.record.note(event)
 
 # %% ../../nbs/callback/01_repro.ipynb #9e1a0aa7
+def _start_run(cb:ReproCB):
+    "Take the weights the run starts from, seed a fit that starts at its first epoch, start its records"
+    cb.trace.initial = cb.start.initial_weights(cb.learn, cb.trace, cb.plan.state)  # before any seeding
+    if cb.plan.epoch == 0: seed_global(derive_seed(cb.seed, cb.position.fit, 'fit', *_rank_stream(cb.rank_streams)))
+    resumed = cb.plan.resumed or {}
+    cb.record.start(cb.learn, cb.seed, cb.position.fit, cb.plan.epoch, cb.provenance.prov,
+                    resumed=resumed.get('ledger_run'), initial_weights=cb.trace.initial)
+    cb.trackers.start(cb.learn, cb.seed, cb.provenance.prov, cb.record, resumed.get('trackers'))
+
+def _end_run(cb:ReproCB, exc:BaseException|None=None):
+    "Put back what `cb`'s fit changed, and complete its records; also when it raised `exc`"
+    if not cb.active: return
+    if cb.plan is not None: cb.plan.unsilence()  # None: the plan refused the fit
+    cb.active, cb.plan, cb._train_end = False, None, None
+    cb.switches.off()
+    if cb.deterministic_data: undo_deterministic(cb.dls)
+    cb.trace.flush()
+    cb.record.end(cb.learn, exc, cb.cancelled)
+    cb.trackers.end()
+
 def repro_state(cb:ReproCB) -> dict:
     "ReproCB's part of a checkpoint written now: where the run stands and what a fit that resumes it needs"
     learn, rec = cb.learn, getattr(cb.learn, 'recorder', None)
@@ -299,13 +290,8 @@ def repro_state(cb:ReproCB) -> dict:
                trackers=cb.trackers.state(), fastai_callbacks=fastai_callback_states(learn), world_size=world_size())
     if not cb.deterministic_data: res['loader_orders'] = loader_orders(learn.dls)
     if cb.position.batch: res['inside'] = inside_state(learn, cb._train_end, cb.deterministic_data and cb.active)
-    if _fit_over(cb): res['end'] = end_state(learn)
+    if cb.position.fit >= 0 and (not cb.active or _fit_ended(res['position'])): res['end'] = end_state(learn)
     return res
-
-def _fit_over(cb:ReproCB) -> bool:
-    "Has the learner's fit no epoch left (ended, cancelled, or after its last epoch)? Its end is then known"
-    pos = cb.position
-    return pos.fit >= 0 and (not cb.active or (pos.batch == 0 and pos.epoch >= pos.n_epoch))
 
 @patch(as_prop=True)
 def repro_trace(self:Learner) -> pd.DataFrame:

@@ -10,6 +10,7 @@ import sys, json, time, shutil, posixpath, itertools
 from pathlib import Path, PurePosixPath
 import pandas as pd
 from ..state.checkpoint import CheckpointError, read_checkpoint, split_state, checkpoint_info
+from ..state.integrity import older_checkpoints
 from ..record.divergence import BEFORE_TRAINING, unseen_rows
 from ..experiments.store import LedgerError, REPRODUCTION, _one_line
 from ..experiments.ledger import Ledger
@@ -26,7 +27,7 @@ from .where import WHERE_NAME
 # %% auto #0
 __all__ = ['MAX_CANDIDATES', 'STOP_NAME', 'RUN_FIELDS', 'PLACEHOLDER_WT', 'ledger_checkpoint', 'record_reproduction', 'reproduce',
            'NotTrustedError', 'patch_stat', 'commit_files', 'carried_code', 'trust_checkpoint', 'plan_lines',
-           'kept_checkpoints', 'segment_plan', 'reproduce_segments', 'segments_verdict']
+           'segment_plan', 'reproduce_segments', 'segments_verdict']
 
 # %% ../../nbs/check/04_reproduce.ipynb #a1700046
 MAX_CANDIDATES = 1000  # files read when looking for a ledger run's checkpoint: a project's models, not a data lake
@@ -355,13 +356,6 @@ def _segment_start(start, rec:dict) -> dict:
                              "segment runs from one checkpoint of a run to a later one of the same run.")
     return {**_position(a, first['extra']), 'path': str(Path(start).absolute().with_suffix(''))}  # as `load` takes
 
-def kept_checkpoints(checkpoint, # the newest checkpoint `CheckpointCB` wrote (`{fname}.pth`)
-                    ) -> list:
-    "The checkpoints `CheckpointCB(keep=N)` kept beside `checkpoint` (`{fname}.1.pth`, ...), oldest first"
-    p = Path(checkpoint)
-    older = [f for f in p.parent.glob(f'{p.stem}.*.pth') if f.stem[len(p.stem)+1:].isdigit()]
-    return sorted(older, key=lambda f: -int(f.stem[len(p.stem)+1:])) + [p]
-
 def _run_key(info:dict) -> tuple: return info['git']['commit'], info['git']['diff_hash'], info['seed']
 
 def segment_plan(checkpoint, # the newest checkpoint `CheckpointCB` wrote (`{fname}.pth`)
@@ -371,7 +365,7 @@ def segment_plan(checkpoint, # the newest checkpoint `CheckpointCB` wrote (`{fna
      "is that checkpoint's file where it is kept (`entry` None), else `checkpoint` with `entry` its manifest line")
     p = Path(checkpoint)
     run, kept = _run_key(checkpoint_info(p)), {}
-    for f in [*kept_checkpoints(p), *p.parent.glob(f'{p.stem}-fit*.pth')]:
+    for f in [*older_checkpoints(p)[::-1], p, *p.parent.glob(f'{p.stem}-fit*.pth')]:
         info = checkpoint_info(f)
         if _run_key(info) == run: kept[info['fit_idx'], info['start_epoch'], info['batch']] = f
     ends = sorted({**{manifest_key(e): (p, e) for e in read_manifest(p)}, **{k: (f, None) for k, f in kept.items()}}

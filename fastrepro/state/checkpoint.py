@@ -17,19 +17,18 @@ from .core import *
 from .distrib import distributed, gather
 from .data import data_signature
 from .integrity import IntegrityError, zip_records, check_crcs, record_holds, missing_storages
-from .integrity import damage_line
+from .integrity import damage_line, STATE_KEY
 from .formats import SUMMARIES, UPGRADES
 from .beside import BesideLog, DamagedLogError, MissingLogError
 
 # %% auto #0
-__all__ = ['STATE_KEY', 'FORMAT_VERSION', 'TMP_PREFIX', 'DURABLE', 'BESIDE_BYTES', 'CheckpointError', 'ResumeError',
-           'atomic_torch_save', 'CheckpointWriteError', 'write_failure', 'DamagedCheckpointError', 'checked_file',
-           'fastai_safe_globals', 'read_checkpoint', 'split_state', 'model_signature', 'check_compatible',
-           'checkpoint_state', 'callback_states', 'to_plain', 'beside_logs', 'checkpoint_summary', 'checkpoint_info',
-           'checkpoint_upgrade', 'upgrade_state']
+__all__ = ['FORMAT_VERSION', 'TMP_PREFIX', 'DURABLE', 'BESIDE_BYTES', 'CheckpointError', 'ResumeError', 'atomic_torch_save',
+           'CheckpointWriteError', 'write_failure', 'DamagedCheckpointError', 'checked_file', 'fastai_safe_globals',
+           'read_checkpoint', 'split_state', 'model_signature', 'check_compatible', 'checkpoint_state',
+           'callback_states', 'to_plain', 'beside_logs', 'checkpoint_summary', 'checkpoint_info', 'checkpoint_upgrade',
+           'upgrade_state']
 
 # %% ../../nbs/state/08_checkpoint.ipynb #f299278a
-STATE_KEY = '__fastrepro__'   # where fastrepro's state lives inside the optimizer entry
 FORMAT_VERSION = 8            # the checkpoint layout; a change bumps it, and older ones keep loading (`upgrade_state`)
 
 class CheckpointError(RuntimeError):
@@ -271,7 +270,7 @@ def save(self:Learner, file, **kwargs):
     "fastai's `Learner.save`; with stateful callbacks attached it stores their state (every rank's), atomically"
     if not _extends(self) or (rank_distrib() and not distributed()): return _fastai_save(self, file, **kwargs)
     file = join_path_file(file, self.path/self.model_dir, ext='.pth')
-    for cb in stateful_cbs(self).filter(lambda o: callable(getattr(o, 'before_save', None))): cb.before_save(file)
+    for write in filter(None, [own_event(cb, 'before_save') for cb in stateful_cbs(self)]): write(file)
     states = gather(callback_states(self))  # in a distributed run, every rank's, on rank 0 (which alone writes)
     if states is not None:
         opt = getattr(self, 'opt', None)
@@ -313,8 +312,7 @@ def _hand_over(learn, saved, file, notes, logs):
             warnings.warn(f"{file} holds no state for the attached callback `{cb.name}`; it starts fresh.")
             continue
         cb.load_state_dict(saved[cb.name])
-        after_load = getattr(cb, 'after_load', None)
-        if callable(after_load): after_load(file, logs.get(cb.name))
+        if after_load := own_event(cb, 'after_load'): after_load(file, logs.get(cb.name))
     missing = set(saved) - set(cbs.attrgot('name'))
     if missing: warnings.warn(f"{file} holds state for callbacks that are not attached: {sorted(missing)}; "
                               "attach them before `load` to resume exactly.")

@@ -11,7 +11,8 @@ from fastai.basics import *
 from fastai.callback.schedule import LRFinder
 
 # %% auto #0
-__all__ = ['resume_epoch', 'in_lr_find', 'is_stateful', 'stateful_cbs', 'in_fit', 'training_fit', 'digest']
+__all__ = ['resume_epoch', 'in_lr_find', 'is_stateful', 'stateful_cbs', 'ReproEvents', 'own_event', 'in_fit', 'training_fit',
+           'digest']
 
 # %% ../../nbs/state/00_core.ipynb #ef260262
 def resume_epoch(learn:Learner) -> int:
@@ -23,12 +24,32 @@ def in_lr_find(learn:Learner) -> bool:
     return any(isinstance(cb, LRFinder) for cb in learn.cbs)
 
 def is_stateful(cb) -> bool:
-    "Does `cb` take part in checkpoints, i.e. define `state_dict` and `load_state_dict`?"
-    return callable(getattr(type(cb), 'state_dict', None)) and callable(getattr(type(cb), 'load_state_dict', None))
+    "Does `cb` take part in checkpoints, i.e. define `state_dict` and `load_state_dict` (`ReproEvents`)?"
+    return all(own_event(cb, e) for e in ('state_dict', 'load_state_dict'))
 
 def stateful_cbs(learn:Learner) -> L:
     "The attached callbacks that carry state into checkpoints, sorted by name"
     return L(cb for cb in learn.cbs if is_stateful(cb)).sorted('name')
+
+# %% ../../nbs/state/00_core.ipynb #2014da56
+class ReproEvents:
+    ("The events fastrepro sends a callback beyond fastai's, with their defaults; a callback (subclass or not) that "
+     "defines one of them is called (`own_event`)")
+    _events = L.split('state_dict load_state_dict plan_fit before_save after_load after_fit_exception')
+    def state_dict(self) -> dict: "What `learn.save` keeps of this callback; with `load_state_dict`, makes it stateful"
+    def load_state_dict(self, d:dict): "Keep the state `d` that `learn.load` read, to apply at the event it belongs to"
+    def plan_fit(self, n_epoch:int, start_epoch:int, **fit_call) -> int|None:
+        "Before fastai's `fit` starts (never `lr_find`'s): the epoch to start at, or None when the fit is done"
+        return start_epoch
+    def before_save(self, file): "`learn.save` writes checkpoint `file` next: write what goes beside it"
+    def after_load(self, file, log): "`learn.load` gave this callback its state from `file`, and the `log` it pins"
+    def after_fit_exception(self, exc:BaseException): "`fit` raised `exc` (no `after_fit` comes): undo what it set"
+
+def own_event(cb, name:str):
+    "`cb`'s own handler of fastrepro's event `name` (`ReproEvents`), bound; None where it has none"
+    assert name in ReproEvents._events, f"`{name}` is not one of fastrepro's events (`ReproEvents._events`)"
+    f = getattr(type(cb), name, None)
+    return f.__get__(cb) if callable(f) and f is not getattr(ReproEvents, name) else None
 
 # %% ../../nbs/state/00_core.ipynb #721ad132
 # fastai's own `fit`: `@patch` keeps it as `_orig_fit`, so running this cell again (a notebook, another
@@ -42,15 +63,14 @@ def fit(self:Learner, n_epoch, lr=None, wd=None, cbs=None, reset_opt=False, star
      "(`after_fit_exception`)")
     extra = L(cbs)
     if not any(isinstance(cb, LRFinder) for cb in L(self.cbs) + extra):
-        for cb in self.cbs.filter(lambda o: callable(getattr(type(o), 'plan_fit', None))):
-            start_epoch = cb.plan_fit(n_epoch, start_epoch, lr=lr, wd=wd, cbs=extra)
+        for plan in filter(None, [own_event(cb, 'plan_fit') for cb in self.cbs]):
+            start_epoch = plan(n_epoch, start_epoch, lr=lr, wd=wd, cbs=extra)
             if start_epoch is None: return  # completed by an earlier run of the script: its end state is loaded
     self.__dict__['_repro_fit_depth'] = self.__dict__.get('_repro_fit_depth', 0) + 1
     try: return _fastai_fit(self, n_epoch, lr=lr, wd=wd, cbs=cbs, reset_opt=reset_opt, start_epoch=start_epoch)
     except BaseException as exc:
         for cb in L(self.cbs) + extra.filter(lambda o: o not in self.cbs):
-            handler = getattr(type(cb), 'after_fit_exception', None)
-            if handler is not None: handler(cb, exc)
+            if told := own_event(cb, 'after_fit_exception'): told(exc)
         raise
     finally: self.__dict__['_repro_fit_depth'] -= 1
 

@@ -52,14 +52,14 @@ def _repro_summary(state:dict) -> dict:
     return dict(seed=state['seed'], fit_idx=pos['fit'], n_epoch=pos['n_epoch'], start_epoch=pos['epoch'],
                 batch=pos['batch'], iteration=pos['train_iter'], env=prov['env'], git=unpack_git(prov['git']),
                 entry=unpack_entry(prov['entry']), device=prov['device'], world_size=state['world_size'],
-                trackers=state['trackers'], fit_ended=_fit_ended(pos, state),
+                trackers=state['trackers'], fit_ended='end' in state or _fit_ended(pos),
                 rows_sha256=state['trace'].get('rows_sha256'),  # `ROWS_DIGEST` (format 8 and later)
                 signature=prov.get('signature'))
 
-def _fit_ended(pos:dict, state:dict) -> bool:
-    ("Was the checkpoint written once its fit had no epoch left (format 6 and later hold that end, `end_state`)? "
-     "A rerun skips such a fit")
-    return 'end' in state or (pos['n_epoch'] is not None and pos['batch'] == 0 and pos['epoch'] >= pos['n_epoch'])
+def _fit_ended(pos:dict) -> bool:
+    ("Has the fit at position `pos` (`Position.state_dict`) no epoch left? A checkpoint written then holds its end "
+     "(`end_state`, format 6 and later), and a rerun skips the fit")
+    return pos['n_epoch'] is not None and pos['batch'] == 0 and pos['epoch'] >= pos['n_epoch']
 
 _V1_TRACE_KEYS = {'fp_names': 'param_names', 'fp_rows': 'norm_rows', 'fp': 'norms'}  # format 1's names of the norms
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 # %% auto #0
-__all__ = ['LOCAL_HEADER', 'LOCAL_MAGIC', 'CHUNK', 'FASTREPRO_KEY', 'IntegrityError', 'Record', 'zip_records', 'check_crcs',
+__all__ = ['LOCAL_HEADER', 'LOCAL_MAGIC', 'CHUNK', 'STATE_KEY', 'IntegrityError', 'Record', 'zip_records', 'check_crcs',
            'check_records', 'storage_paths', 'record_holds', 'missing_storages', 'record_words', 'older_checkpoints',
            'intact', 'damage_line']
 
@@ -166,7 +166,7 @@ def missing_storages(f, # a zip file open for reading in binary mode, that its `
     return {f'{top}/data/{k}': p for k, p in paths.items() if f'{top}/data/{k}' not in names}
 
 # %% ../../nbs/state/08a_integrity.ipynb #22d6dfea
-FASTREPRO_KEY = '__fastrepro__'  # `checkpoint.STATE_KEY`, where fastrepro's state lives (this module imports none)
+STATE_KEY = '__fastrepro__'  # where fastrepro's state lives inside a checkpoint's optimizer entry (`learn.save`)
 
 def record_words(name:str, # a record of a torch file
                  holds, # what it holds (`record_holds`); None: unknown
@@ -176,7 +176,7 @@ def record_words(name:str, # a record of a torch file
     if '/data/' not in name: return "torch's format details"
     if not holds: return "a tensor"
     path = '.'.join(map(str, holds[1:]))
-    if holds[0] == 'opt' and len(holds) > 3 and holds[1] == FASTREPRO_KEY:
+    if holds[0] == 'opt' and len(holds) > 3 and holds[1] == STATE_KEY:
         kind = ("random generator states" if {'generators', 'rng'} & set(holds) else "trace" if 'trace' in holds
                 else "state")
         return f"fastrepro's {kind} of `{holds[3]}`: {'.'.join(map(str, holds[4:]))}"
