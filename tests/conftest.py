@@ -33,7 +33,9 @@ for k, v in DETERMINISTIC_ENV.items(): os.environ.setdefault(k, v)
 # threads unless a test asks for a count itself. Workers of two threads each on two cores spin against each other (an
 # epoch of the demo's tiny language model took 3.6x as long on a busy 2-core machine, docs/execute.py's `threads`)
 WORKERS = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1'))
-for k in ('OMP_NUM_THREADS', 'MKL_NUM_THREADS'): os.environ.setdefault(k, str(max(1, (os.cpu_count() or 1) // WORKERS)))
+if WORKERS > 1:
+    share = str(max(1, (os.cpu_count() or 1) // WORKERS))
+    for k in ('OMP_NUM_THREADS', 'MKL_NUM_THREADS'): os.environ.setdefault(k, share)
 
 # every process a test starts signs and checks checkpoints with the tests' own secret, never the user's (issue 49):
 # `fastrepro.record.trust` makes it on first use
