@@ -2,9 +2,9 @@
 (two processes, each always running the same notebooks in the same order; `nbs/reference.ipynb` says why), as one test
 of the suite, so that pytest-xdist runs them on one core while the other test files run on the others. Each notebook's
 executed copy goes to `_exec/`, keyed by its code and the library's source: the docs' build (`bash .ci/docs`, which
-`.ci/run` runs before pytest) renders those copies' outputs, and a copy whose key matches is not run again, so what the
-docs build ran this test reuses (one execution for both). The notebooks see the environment the suite was started with,
-not the variables `conftest.py` sets for the tests' own processes."""
+`tests/test_docs.py` runs) renders those copies' outputs, and a copy whose key matches is not run again, so whichever
+of the two comes first executes the notebooks and the other reuses them (one execution for both). The notebooks see
+the environment the suite was started with, not the variables `conftest.py` sets for the tests' own processes."""
 import subprocess, sys
 import pytest
 from conftest import ROOT, STARTED_ENV, TEST_SECRET, hang_limit
