@@ -23,6 +23,7 @@ _FILTERABLE = ('id',) + tuple(f for f in FIELDS if f not in JSON_FIELDS)
 
 def _quote(c:str) -> str: return f'"{c}"'  # a column name, quoted: `commit` is an SQL keyword
 def _insert(cols): return f"INSERT INTO runs ({', '.join(map(_quote, cols))}) VALUES ({', '.join('?'*len(cols))})"
+def _set(cols) -> str: return ', '.join(f'{_quote(c)} = ?' for c in cols)  # an UPDATE's SET, its values given in order
 
 def _where(filters:dict) -> tuple:
     "SQL WHERE clause and parameters for equality `filters`"
@@ -159,9 +160,8 @@ class Ledger(LedgerStore):
         "Set `fields` of run `run_id` (e.g. complete a 'running' record)"
         _check_fields(fields)
         if not fields: return
-        sets = ', '.join(f'{_quote(k)} = ?' for k in fields)
         params = [_encode(k, v) for k,v in fields.items()] + [int(run_id)]
-        changed, _ = self._write(f'UPDATE runs SET {sets} WHERE id = ?', params)
+        changed, _ = self._write(f'UPDATE runs SET {_set(fields)} WHERE id = ?', params)
         if changed == 0: raise LedgerError(f"There is no run {run_id} in ledger {self.db.address}.")
         self._send_spooled()
 
@@ -180,8 +180,7 @@ class Ledger(LedgerStore):
         cols, values = list(rec), [_encode(c, rec[c]) for c in rec]
         # an update first: an upsert that finds the run takes a number from the ids' sequence all the same, and a fit
         # that writes its record at start, end and each note would leave gaps in the ids `fastrepro runs` shows
-        updated = self._write(f"UPDATE runs SET {', '.join(f'{_quote(c)} = ?' for c in cols)} WHERE run_key = ? "
-                              "RETURNING id", values + [run_key])[1]
+        updated = self._write(f"UPDATE runs SET {_set(cols)} WHERE run_key = ? RETURNING id", values + [run_key])[1]
         if updated: return updated[0][0]
         sets = ', '.join(f'{_quote(c)} = excluded.{_quote(c)}' for c in cols if c != 'run_key')
         # two writers adding it at once: one run

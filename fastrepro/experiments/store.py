@@ -1,4 +1,4 @@
-"""Where and how a run ledger is stored: its address, its versioned schema, how each field is encoded, and the two databases that hold it (an SQLite file, a PostgreSQL server), with a throwaway local server to try one.
+"""Where and how a run ledger is stored: its address, its versioned schema, how each field is encoded, the two databases that hold it (an SQLite file, a PostgreSQL server) and the ledger's database opened at its schema version, with a throwaway local server to try one.
 
 Docs: https://fastrepro.github.io/fastrepro/experiments/store.html.md"""
 
