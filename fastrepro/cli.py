@@ -10,7 +10,7 @@ import sys, json, argparse, warnings, importlib, contextlib
 import numpy as np, pandas as pd
 from fastcore.basics import *
 from pathlib import Path
-from .experiments.store import LedgerError, LEDGER_ENV, STATUSES, REPRODUCTION
+from .experiments.store import LedgerError, LEDGER_ENV, STATUSES, REPRODUCTION, one_line
 from .experiments.spool import Spool, SpoolIndex, SPOOL_NAME, spool_address
 from .experiments.ledger import Ledger, metrics_frame
 
@@ -287,7 +287,7 @@ def reproduce_command(args):
             if args.json: print(json.dumps(r, indent=1, default=str))
             return 0
     except ReproduceError as e:
-        print(f"fastrepro reproduce: {' '.join(str(e).split())}", file=sys.stderr)
+        print(f"fastrepro reproduce: {one_line(e)}", file=sys.stderr)
         return EXIT_FAILED
     if args.json: print(json.dumps(r.to_dict(), indent=1, default=str))
     return r.exit_code
@@ -303,7 +303,7 @@ def trust_command(args):
         from fastrepro.record.trust import trusted_file
     try: trust_checkpoint(args.checkpoint)
     except ReproduceError as e:
-        print(f"fastrepro trust: {' '.join(str(e).split())}", file=sys.stderr)
+        print(f"fastrepro trust: {one_line(e)}", file=sys.stderr)
         return EXIT_FAILED
     print(f"fastrepro trust: {args.checkpoint} is trusted: `fastrepro reproduce` runs the code it carries without "
           f"--trust (its signature is kept in {trusted_file()})")
@@ -329,7 +329,7 @@ def _trace_file(info:dict) -> str:
     if where == 'intact': return f"beside it, its part checked{proof}"
     if where == 'inside': return "inside the checkpoint"
     return (f"missing{proof or ' (the checkpoint holds no digest of its rows)'}: "
-            f"{' '.join(where[len('missing: '):].split())}")
+            f"{one_line(where[len('missing: '):])}")
 
 def show_text(info:dict) -> str:
     "What `fastrepro show` prints of `checkpoint_info(f)`"
@@ -363,7 +363,7 @@ def show_command(args):
     path = Path(args.checkpoint)
     if not path.exists(): raise CLIError(f"{path}: no such file; pass a checkpoint a save wrote (`learn.save`).")
     try: info = checkpoint_info(path)
-    except CheckpointError as e: raise CLIError(' '.join(str(e).split())) from e
+    except CheckpointError as e: raise CLIError(one_line(e)) from e
     print(json.dumps(info, indent=1, default=str) if args.json else show_text(info))
 
 

@@ -15,7 +15,8 @@ from ..state.core import *
 
 # %% auto #0
 __all__ = ['ONEDNN_FP16_UNSUPPORTED', 'SYNC_EVERY', 'HISTORY_SCHEMA', 'HISTORY_COLUMNS', 'amp_device_type',
-           'onednn_fp16_unsupported', 'onednn_enabled', 'set_onednn', 'history_frame', 'ReproMixedPrecision']
+           'onednn_fp16_unsupported', 'onednn_enabled', 'set_onednn', 'history_frame', 'LossScaleHistory',
+           'ReproMixedPrecision']
 
 # %% ../../nbs/callback/02_fp16.ipynb #fd7e97cc
 ONEDNN_FP16_UNSUPPORTED = (nn.LSTM,)  # layers oneDNN cannot run under CPU float16 autocast (measured, torch 2.x)
@@ -45,33 +46,96 @@ def set_onednn(enabled:bool):
 
 # %% ../../nbs/callback/02_fp16.ipynb #181069f4
 _Row = namedtuple('_Row', HISTORY_COLUMNS)
-_FRAME_DTYPES = {torch.int64: 'int64', torch.float32: 'float64', torch.bool: 'bool'}  # a column's dtype in `history`
+_FRAME_DTYPES = {torch.int64: 'int64', torch.float32: 'float64', torch.bool: 'bool'}  # a column's dtype in a frame
+_STATE_KEYS = ('amp_mode', 'scaler', 'n_fits', 'iter', 'epoch_end_iter', 'history')  # a checkpoint's state, in order
 
-def _empty_history() -> dict: return {c: [] for c in HISTORY_COLUMNS}
-
-def _flush_rows(rows:list, hist:dict):
-    "Append `rows` (`_Row`s holding device tensors) to `hist` (lists), with one transfer per kind of tensor"
-    scaled = [r for r in rows if r.scaled]
-    scales = iter(torch.stack([t for r in scaled for t in (r.scale, r.scale_after)]).tolist()) if scaled else None
-    trackers = iter(torch.stack([r.growth_tracker for r in scaled]).tolist()) if scaled else None
-    for r in rows:
-        s, sa, gt = (next(scales), next(scales), next(trackers)) if r.scaled else (1.0, 1.0, 0)
-        row = r._replace(scale=s, skipped=bool(r.skipped), scale_after=sa, growth_tracker=int(gt),
-                         scaled=bool(r.scaled))
-        for c, v in zip(HISTORY_COLUMNS, row): hist[c].append(v)
+def _column_list(v) -> list: return v.tolist() if isinstance(v, Tensor) else list(v)
 
 def history_frame(hist:dict) -> pd.DataFrame:
     "The loss-scale history `hist` (columns of Python values or tensors) as a DataFrame"
     return pd.DataFrame({c: pd.Series(_column_list(hist[c]), dtype=_FRAME_DTYPES[t])
                          for c, t in HISTORY_SCHEMA.items()})
 
-def _column_list(v) -> list: return v.tolist() if isinstance(v, Tensor) else list(v)
-def _hist_to_tensors(hist:dict) -> dict: return {c: torch.tensor(hist[c], dtype=t) for c, t in HISTORY_SCHEMA.items()}
-def _hist_to_lists(hist:dict) -> dict: return {c: _column_list(hist[c]) for c in HISTORY_COLUMNS}
+def _device_scale(scaler:GradScaler):
+    "A device-side copy of `scaler`'s scale, read without a sync (`get_scale()` would sync); None when disabled (bf16)"
+    s = scaler._get_scale_async() if scaler.is_enabled() else None
+    return None if s is None else s.detach().clone()
+
+class LossScaleHistory:
+    "The loss scale of a learner's fits, step by step, and where the last fit stands; a step's row waits on the device"
+    def __init__(self,
+        amp_mode:str='fp16', # the mode of the fits: 'fp16' or 'bf16' (nothing scaled)
+        scaler_state:dict|None=None, # the last fit's `GradScaler.state_dict()` as that fit ended
+        n_fits:int=0, # fits recorded: rows go to the last one, `n_fits - 1`
+        iter:int=0, # its training iterations so far
+        epoch_end_iter:int=0, # where its last completed epoch ended: a fit resumed at the next epoch continues there
+        cols:dict|None=None, # the rows so far, one list of Python values per column of `HISTORY_COLUMNS`
+    ): store_attr(but='cols'); self.cols, self.rows = ifnone(cols, {c: [] for c in HISTORY_COLUMNS}), []
+
+    @classmethod
+    def from_state(cls, d:dict) -> LossScaleHistory:
+        "The history in `d`, a `ReproMixedPrecision.state_dict()` (columns as tensors or lists)"
+        missing = [k for k in _STATE_KEYS if not isinstance(d, dict) or k not in d]
+        if missing: raise ValueError(f"This is not a ReproMixedPrecision state (no {missing}); it cannot restore the "
+                                     "loss scaler. Load a checkpoint written by fastrepro with this callback attached.")
+        return cls(*(d[k] for k in _STATE_KEYS[:-1]), {c: _column_list(d['history'][c]) for c in HISTORY_COLUMNS})
+
+    def state_dict(self, scaler:GradScaler|None=None) -> dict:
+        "Mode, scaler state (`scaler`'s, else the last fit's), progress and columns; `weights_only`-safe"
+        self.flush()
+        return dict(amp_mode=self.amp_mode, scaler=self.scaler_state if scaler is None else scaler.state_dict(),
+                    n_fits=self.n_fits, iter=self.iter, epoch_end_iter=self.epoch_end_iter,
+                    history={c: torch.tensor(self.cols[c], dtype=t) for c, t in HISTORY_SCHEMA.items()})
+
+    def __len__(self): return len(self.cols['fit']) + len(self.rows)
+    def frame(self) -> pd.DataFrame: self.flush(); return history_frame(self.cols)
+    def start_fit(self, amp_mode:str):
+        "A fresh fit in `amp_mode` starts: its rows go to fit `n_fits`"
+        self.amp_mode, self.n_fits, self.iter, self.epoch_end_iter = amp_mode, self.n_fits + 1, 0, 0
+
+    def resume(self, it:int, scaler:GradScaler, amp_mode:str) -> LossScaleHistory:
+        ("Continue the last fit at its step `it` in `amp_mode`, with the fresh `scaler` in the state that fit left; "
+         "the rows an abandoned attempt left at or after `it` go")
+        self.flush()
+        keep = [not (f == self.n_fits - 1 and i >= it) for f, i in zip(self.cols['fit'], self.cols['iter'])]
+        self.cols, self.iter = {c: [v for v, k in zip(vs, keep) if k] for c, vs in self.cols.items()}, it
+        if amp_mode != self.amp_mode:
+            warnings.warn(f"The loss-scale state was saved in {self.amp_mode} mode and this fit runs in {amp_mode}: "
+                          "its scaler starts afresh, so the run will not match the uninterrupted one. Resume in the "
+                          "mode the checkpoint was written in.")
+        elif self.scaler_state: scaler.load_state_dict(self.scaler_state)  # bf16's disabled scaler: an empty state
+        self.amp_mode = amp_mode
+        return self
+
+    def add(self, epoch:int, scale, skipped:bool, scaler:GradScaler):
+        "A step of the last fit: the `scale` (tensor) its backward used, whether it was `skipped`, `scaler` after it"
+        on = scaler.is_enabled()
+        tracker = scaler._growth_tracker.detach().clone() if on else None  # no public async getter
+        self.rows.append(_Row(self.n_fits - 1, epoch, self.iter, scale, skipped, _device_scale(scaler), tracker, on))
+        if len(self.rows) >= SYNC_EVERY: self.flush()
+
+    def flush(self):
+        "Move the waiting rows to the columns, with one transfer per kind of tensor"
+        rows, self.rows = self.rows, []
+        scaled = [r for r in rows if r.scaled]
+        scales = iter(torch.stack([t for r in scaled for t in (r.scale, r.scale_after)]).tolist()) if scaled else None
+        trackers = iter(torch.stack([r.growth_tracker for r in scaled]).tolist()) if scaled else None
+        for r in rows:
+            s, sa, gt = (next(scales), next(scales), next(trackers)) if r.scaled else (1.0, 1.0, 0)
+            row = r._replace(scale=s, skipped=bool(r.skipped), scale_after=sa, growth_tracker=int(gt),
+                             scaled=bool(r.scaled))
+            for c, v in zip(HISTORY_COLUMNS, row): self.cols[c].append(v)
+
+    def summary(self) -> dict:
+        "Steps, overflows, fits, current, minimum and maximum loss scale"
+        h = self.frame()
+        sc, last = h[h.scaled], h.iloc[-1] if len(h) else None
+        return dict(steps=len(h), overflows=int(h.skipped.sum()), fits=int(h.fit.nunique()),
+                    scale=float(last.scale_after) if last is not None and last.scaled else None,
+                    min_scale=float(sc.scale.min()) if len(sc) else None,
+                    max_scale=float(sc.scale.max()) if len(sc) else None)
 
 # %% ../../nbs/callback/02_fp16.ipynb #de8fce94
-_STATE_KEYS = ('amp_mode', 'scaler', 'n_fits', 'iter', 'epoch_end_iter', 'history')  # what `state_dict` returns
-
 @delegates(GradScaler, but=['device', 'enabled'])
 class ReproMixedPrecision(MixedPrecision, ReproEvents):
     "fastai's `MixedPrecision` on the learner's device, with its loss scale recorded, kept, plotted and checkpointed"
@@ -82,168 +146,96 @@ class ReproMixedPrecision(MixedPrecision, ReproEvents):
         **kwargs # passed to `GradScaler`: `init_scale`, `growth_factor`, `backoff_factor`, `growth_interval`
     ):
         super().__init__(amp_mode, **kwargs)
-        self.disable_onednn = disable_onednn
-        self._hist, self._unflushed, self.pending, self._scaler_state = _empty_history(), [], None, None
-        self.n_fits, self.fit_idx, self._iter, self._epoch_end_iter = 0, -1, 0, 0
+        self.disable_onednn, self.hist, self.pending = disable_onednn, LossScaleHistory(self.amp_mode.value), None
         self._active, self._in_autocast, self._onednn_off, self._onednn_before = False, False, False, None
         self._scale_used, self.device_type = None, None
 
     def before_fit(self):
         "Build autocast and scaler for the learner's device (fastai's choices); start or resume the recorded run"
-        dev = amp_device_type(self.learn)
+        dev = self.device_type = amp_device_type(self.learn)
         if dev == 'cuda': super().before_fit()
         else:
-            # fastai builds CUDA objects, which warn on a machine without CUDA; replaced
-            with warnings.catch_warnings():
-                warnings.simplefilter('ignore')
-                super().before_fit()
-            self.autocast, self.learn.scaler = (autocast(dev, dtype=self.autocast.fast_dtype),
-                                                GradScaler(dev, **self.kwargs))
-        self.device_type = dev
+            with warnings.catch_warnings():  # fastai builds CUDA objects, which warn without CUDA; replaced
+                warnings.simplefilter('ignore'); super().before_fit()
+            self.autocast = autocast(dev, dtype=self.autocast.fast_dtype)
+            self.learn.scaler = GradScaler(dev, **self.kwargs)
         off = self.disable_onednn if self.disable_onednn is not None else bool(onednn_fp16_unsupported(self.model))
         self._onednn_off = dev == 'cpu' and self.autocast.fast_dtype == torch.float16 and off
         self._active = training_fit(self.learn)
         if self._active: self._start_fit()
 
     def before_batch(self):
-        "Enter autocast (with oneDNN off for CPU float16 LSTMs)"
         self._leave_autocast()  # a batch cancelled inside the region left it entered
         if self._onednn_off: self._onednn_before = onednn_enabled(); set_onednn(False)
         super().before_batch()
         self._in_autocast = True
 
-    def after_loss(self):
-        "Exit autocast"
-        self._leave_autocast()
-
+    def after_loss(self): self._leave_autocast()
     def before_backward(self):
-        "Scale the loss (fastai) and keep the scale used"
         super().before_backward()
-        if self._active: self._scale_used = self._scale_tensor()
-
+        if self._active: self._scale_used = _device_scale(self.scaler)
     def after_step(self):
-        "Update the scale (fastai) and record this step"
-        super().after_step()
-        if not self._active: return
-        scaled = self.scaler.is_enabled()
-        tracker = self.scaler._growth_tracker.detach().clone() if scaled else None  # no public async getter
-        self._unflushed.append(_Row(self.fit_idx, self.epoch, self._iter, self._scale_used, self.skipped,
-                                    self._scale_tensor(), tracker, scaled))
-        if len(self._unflushed) >= SYNC_EVERY: self._flush()
-
+        super().after_step()  # the scaler's `update()`: the step's row is complete
+        if self._active: self.hist.add(self.epoch, self._scale_used, self.skipped, self.scaler)
     def after_batch(self):
-        "Make sure autocast is off; count training iterations"
         self._leave_autocast()
-        if self._active and self.training: self._iter += 1
-
+        if self._active and self.training: self.hist.iter += 1
     def after_train(self):
-        "Remember where the epoch ended: a fit resumed at the next epoch continues from here"
-        if self._active: self._epoch_end_iter = self._iter
-
+        if self._active: self.hist.epoch_end_iter = self.hist.iter
     def after_epoch(self):
-        "Move the epoch's rows to Python"
-        if self._active: self._flush()
+        if self._active: self.hist.flush()
 
     def after_fit(self):
         "Keep the scaler's state and the history; then fastai's cleanup"
-        self._end_fit()
+        self._leave_autocast()
+        if self._active:
+            self.hist.flush()
+            if self.scaler is not None: self.hist.scaler_state = self.scaler.state_dict()
+            self._active = False
         super().after_fit()
 
-    def after_fit_exception(self, exc):
-        "`fit` raised: autocast off, oneDNN flag back, state kept as of the last completed step"
-        self.after_fit()
+    def after_fit_exception(self, exc): self.after_fit()  # the same cleanup; rows and scaler as of the last step
 
     def state_dict(self) -> dict:
         "Mode, scaler state, history and progress; `torch.load(weights_only=True)`-safe"
-        st = self.pending if self.pending is not None else self._own_state()
-        return {**st, 'history': _hist_to_tensors(st['history'])}
+        if self.pending is not None: return self.pending.state_dict()
+        return self.hist.state_dict(self.scaler if self._active else None)
 
     def load_state_dict(self, d:dict):
         "Keep `d` (from `state_dict`) pending; the next fit applies it (see above)"
         if in_lr_find(self.learn): return  # lr_find restores its own temporary checkpoint: not ours
-        missing = [k for k in _STATE_KEYS if not isinstance(d, dict) or k not in d]
-        if missing: raise ValueError(f"This is not a ReproMixedPrecision state (no {missing}); it cannot restore the "
-                                     "loss scaler. Load a checkpoint written by fastrepro with this callback attached.")
-        self.pending = {**d, 'history': _hist_to_lists(d['history'])}
+        self.pending = LossScaleHistory.from_state(d)
 
     @property
     def history(self) -> pd.DataFrame:
         "The loss-scale history, one row per optimizer step attempt (the pending one if this callback has none yet)"
-        self._flush()
-        return history_frame(self.pending['history'] if self.pending is not None and not self._hist['fit']
-                             else self._hist)
+        return self._shown().frame()
 
     def summary(self) -> dict:
-        "Steps, overflows, current, minimum and maximum loss scale of the whole history"
-        h = self.history
-        sc = h[h.scaled]
-        last = h.iloc[-1] if len(h) else None
-        return dict(steps=len(h), overflows=int(h.skipped.sum()), fits=int(h.fit.nunique()),
-                    scale=float(last.scale_after) if last is not None and last.scaled else None,
-                    min_scale=float(sc.scale.min()) if len(sc) else None,
-                    max_scale=float(sc.scale.max()) if len(sc) else None, amp_mode=self.amp_mode.value)
+        "Steps, overflows, current, minimum and maximum loss scale of the whole history, and the mode"
+        return {**self._shown().summary(), 'amp_mode': self.amp_mode.value}
+
+    def _shown(self) -> LossScaleHistory: return self.hist if self.pending is None or len(self.hist) else self.pending
 
     def _leave_autocast(self):
         "Exit autocast if this callback entered it, and restore the oneDNN flag; safe to call any time"
-        if self._in_autocast:
-            self._in_autocast = False
-            MixedPrecision.after_loss(self)
+        if self._in_autocast: self._in_autocast = False; MixedPrecision.after_loss(self)
         if self._onednn_before is not None: set_onednn(self._onednn_before); self._onednn_before = None
 
-    def _scale_tensor(self):
-        "A device-side copy of the current scale, or None when the scaler is disabled (bf16)"
-        if not self.scaler.is_enabled(): return None
-        s = self.scaler._get_scale_async()  # the scale tensor, read without a sync (`get_scale()` would sync)
-        return None if s is None else s.detach().clone()
-
-    def _flush(self):
-        "Move the unflushed rows to the history (one device transfer)"
-        rows, self._unflushed = self._unflushed, []
-        if rows: _flush_rows(rows, self._hist)
-
-    def _end_fit(self):
-        self._leave_autocast()
-        if self._active:
-            self._flush()
-            if self.scaler is not None: self._scaler_state = self.scaler.state_dict()
-            self._active = False
-
-    def _own_state(self, live:bool=True) -> dict:
-        "This callback's state now (history as lists); with `live`, the running fit's scaler, else the last fit's"
-        self._flush()
-        scaler = self.scaler.state_dict() if live and self._active and self.scaler is not None else self._scaler_state
-        return dict(amp_mode=self.amp_mode.value, scaler=scaler, n_fits=self.n_fits, iter=self._iter,
-                    epoch_end_iter=self._epoch_end_iter, history=_hist_to_lists(self._hist))
-
     def _start_fit(self):
-        "Take the pending state: resume the saved fit, or start a fresh one"
-        start, st, self.pending = resume_epoch(self.learn), self.pending, None
+        "Take the pending state: resume the saved fit (else the last one), or start a fresh one"
+        start, st, self.pending, mode = resume_epoch(self.learn), self.pending, None, self.amp_mode.value
         plan = getattr(getattr(self.learn, 'repro_cb', None), 'plan', None)  # ReproCB's, for the running fit
         resumes, inside = (plan.resumes, plan.batch > 0) if plan is not None else (start > 0, False)
-        if resumes:
-            # the scaler fastai just built is not ours to resume
-            st = st if st is not None else self._own_state(live=False)
-            if st['n_fits'] > 0: return self._resume(st, st['iter'] if inside else st['epoch_end_iter'])
-            warnings.warn(f"This fit resumes at epoch {start}, but no loss-scale state was loaded: the GradScaler "
-                          "restarts at its initial scale, so the run will not match the uninterrupted one. Attach the "
-                          "callback before `learn.load` of a fastrepro checkpoint.")
-        elif st is not None and not self._hist['fit'] and not self._unflushed:
-            self._hist, self.n_fits = st['history'], st['n_fits']
-        self.fit_idx, self.n_fits, self._iter, self._epoch_end_iter = self.n_fits, self.n_fits + 1, 0, 0
-
-    def _resume(self, st:dict, it:int):
-        "Continue the fit saved in `st` at its step `it`: scaler, history and iteration count"
-        self._unflushed, self.n_fits, self.fit_idx = [], st['n_fits'], st['n_fits'] - 1
-        h = st['history']
-        # an abandoned attempt's rows go
-        keep = [not (f == self.fit_idx and i >= it) for f, i in zip(h['fit'], h['iter'])]
-        self._hist = {c: [v for v, k in zip(h[c], keep) if k] for c in HISTORY_COLUMNS}
-        self._iter, self._epoch_end_iter = it, st['epoch_end_iter']
-        if st['amp_mode'] != self.amp_mode.value:
-            warnings.warn(f"The loss-scale state was saved in {st['amp_mode']} mode and this fit runs in "
-                          f"{self.amp_mode.value}: its scaler starts afresh, so the run will not match the "
-                          "uninterrupted one. Resume in the mode the checkpoint was written in.")
-        elif st['scaler']: self.scaler.load_state_dict(st['scaler'])  # bf16's disabled scaler has an empty state
+        if not resumes:
+            if st is not None and not len(self.hist): self.hist = st  # a callback's own history is never rewritten
+            return self.hist.start_fit(mode)
+        st = st if st is not None else self.hist  # the scaler fastai just built is not ours to resume
+        if st.n_fits > 0: self.hist = st.resume(st.iter if inside else st.epoch_end_iter, self.scaler, mode); return
+        warnings.warn(f"This fit resumes at epoch {start}, but no loss-scale state was loaded: the GradScaler restarts "
+                      "at its initial scale, so the run will not match the uninterrupted one. Attach the callback "
+                      "before `learn.load` of a fastrepro checkpoint.")
+        self.hist.start_fit(mode)
 
 # %% ../../nbs/callback/02_fp16.ipynb #05b6b71e
 @patch

@@ -24,7 +24,7 @@ from ..record.divergence import RunRecord, same_run
 from ..state.passes import LOADER_DIFFERENCES, loader_differences, foreign_fastai
 from ..state.audit import NondeterminismError, audit_switches, audit_model, fix_rnn_dropout
 from ..state.environment import environment_info
-from ..experiments.store import SELFTEST, _one_line
+from ..experiments.store import SELFTEST, one_line
 from ..experiments.ledger import Ledger
 
 # %% auto #0
@@ -139,7 +139,7 @@ LABELS = dict(lm="a language model's LMDataLoader", clas="a text classifier's So
               tfmd="a TfmdDL with random augmentation", tabular="a tabular TabWeightedDL")
 RESUME_INIT = 1000  # a resuming process draws its initial weights from another seed: the checkpoint must replace them
 
-def _error_line(e:BaseException) -> str: return f"{type(e).__name__}: {_one_line(e)}"[:300]
+def _error_line(e:BaseException) -> str: return f"{type(e).__name__}: {one_line(e)}"[:300]
 
 def _record(learn:Learner, folder:Path, name:str): RunRecord.of(learn).save(folder/'records'/f'{name}.pt')
 

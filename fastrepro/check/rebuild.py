@@ -13,7 +13,7 @@ from ..state.checkpoint import CheckpointError, read_checkpoint, split_state, up
 from ..record.provenance import git_info
 from ..record.trace import whole_state, compact_of, trace_frame
 from ..state.beside import DamagedLogError
-from ..experiments.store import _one_line
+from ..experiments.store import one_line
 
 # %% auto #0
 __all__ = ['EXIT_REPRODUCED', 'EXIT_PARTS', 'EXIT_FAILED', 'GIT_TIMEOUT_S', 'ReproduceError', 'code_root', 'rebuild_problem',
@@ -36,20 +36,20 @@ def _record(path) -> dict:
         raise ReproduceError(f"{path} is not a checkpoint: truncated, corrupt or another kind of file. Reproduce from "
                              "an intact checkpoint a fastrepro run wrote.")
     try: model, opt, extra = split_state(read_checkpoint(path))
-    except CheckpointError as e: raise ReproduceError(_one_line(e)) from e
+    except CheckpointError as e: raise ReproduceError(one_line(e)) from e
     if extra is None or 'repro_cb' not in upgrade_state(extra, path)[0]['callbacks']:
         raise ReproduceError(f"{path} is not a fastrepro checkpoint (a plain fastai or torch file, or one saved "
                              "without ReproCB): it records no code, environment or trace to reproduce. Pass a "
                              "checkpoint written by a learner with ReproCB attached.")
     try: info = checkpoint_info(path)  # a damaged trace file beside it is refused here
-    except CheckpointError as e: raise ReproduceError(_one_line(e)) from e
+    except CheckpointError as e: raise ReproduceError(one_line(e)) from e
     if not (info['git'] or {}).get('commit'):
         raise ReproduceError(f"{path} was written outside any git repository (or before its first commit): no commit "
                              "records its code, so it cannot be rebuilt. Reproduce runs started from a committed git "
                              "checkout.")
     extra = upgrade_state(extra, path)[0]
     try: repro = whole_state(extra['callbacks']['repro_cb'], path)  # its rows in the trace file beside it too
-    except DamagedLogError as e: raise ReproduceError(_one_line(e)) from e
+    except DamagedLogError as e: raise ReproduceError(one_line(e)) from e
     extra = {**extra, 'callbacks': {**extra['callbacks'], 'repro_cb': repro}}
     return dict(path=path, info=info, model=model, opt=opt, extra=extra, trace=trace_frame(compact_of(repro['trace'])))
 
@@ -58,7 +58,7 @@ def _git(cwd, *args, input:bytes|None=None, check:bool=True) -> subprocess.Compl
     p = subprocess.run(['git', '-c', f'core.hooksPath={os.devnull}', *args], cwd=cwd, input=input,
                        capture_output=True, timeout=GIT_TIMEOUT_S)
     if check and p.returncode:
-        raise ReproduceError(f"`git {' '.join(args)}` failed in {cwd}: {_one_line(p.stderr.decode(errors='replace'))}")
+        raise ReproduceError(f"`git {' '.join(args)}` failed in {cwd}: {one_line(p.stderr.decode(errors='replace'))}")
     return p
 
 def code_root(git:dict, # a checkpoint's git record with a commit (`checkpoint_info(f)['git']`)
@@ -98,7 +98,7 @@ def _apply(wt:Path, git:dict):
     p = _git(wt, 'apply', '--binary', '--whitespace=nowarn', '-', input=data, check=False)
     if p.returncode:
         raise ReproduceError(f"The recorded patch does not apply to commit {git['commit'][:12]} "
-                             f"({_one_line(p.stderr.decode(errors='replace'))}): the repository's copy of that commit "
+                             f"({one_line(p.stderr.decode(errors='replace'))}): the repository's copy of that commit "
                              "is not the one the run used. Pass repo= (--repo) with the clone the run came from.")
     rebuilt = git_info(wt)['diff_hash']
     if rebuilt != git['diff_hash']:

@@ -12,7 +12,7 @@ import pandas as pd
 from ..state.checkpoint import CheckpointError, read_checkpoint, split_state, checkpoint_info
 from ..state.integrity import older_checkpoints
 from ..record.divergence import BEFORE_TRAINING, unseen_rows
-from ..experiments.store import LedgerError, REPRODUCTION, _one_line
+from ..experiments.store import LedgerError, REPRODUCTION, one_line
 from ..experiments.ledger import Ledger
 from ..record.trackers import note_runs
 from ..record.trust import record_problem, entry_problem, is_trusted, trust_run, SecretError
@@ -190,7 +190,7 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
 
 def _open_ledger(address) -> Ledger:
     try: return Ledger(address, create=False)
-    except LedgerError as e: raise ReproduceError(_one_line(e)) from e
+    except LedgerError as e: raise ReproduceError(one_line(e)) from e
 
 def _keep_checkpoints(wt:Path, dest:Path):
     "Copy the checkpoints the re-run wrote in the worktree (its `models/` folders) to `dest`"

@@ -16,6 +16,7 @@ from ..record.trace import save_trace
 from ..record.divergence import first_divergence, RunRecord, same_run, plot_losses
 from ..experiments.stats import compare, ablation, seeds_needed
 from ..experiments.sweep import repeat
+from ..experiments.store import one_line
 from .ulmfit import *
 from .jobs import Job, job_process, job_error, STOP_EPOCH, RESUME_SEED_OFFSET, JOB_FILE, JOB_TIMEOUT_S
 from ..check.reproduce import reproduce
@@ -165,7 +166,7 @@ def check_nondeterminism(demo:Demo):
         return (False, f"A stray draw at iteration {STRAY_ITER} changed nothing: is dropout off, or the trace broken?",
                 arts)
     return ((d.fit, d.iter) == (0, STRAY_ITER),
-            f"Stray draw before iteration {STRAY_ITER}; first_divergence: {' '.join(str(d).split())}", arts)
+            f"Stray draw before iteration {STRAY_ITER}; first_divergence: {one_line(d)}", arts)
 
 # %% ../../nbs/demo/04_run.ipynb #56c4dcd3
 def arms() -> dict:

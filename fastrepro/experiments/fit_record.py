@@ -10,7 +10,7 @@ import uuid
 from fastai.basics import *
 from ..state.data import data_fingerprint
 from ..state.distrib import world_size
-from .store import _one_line, _hide_password
+from .store import one_line, _hide_password
 from .spool import Spool, SPOOL_NAME, LedgerWarning, spool_address
 from .ledger import Ledger
 
@@ -123,7 +123,7 @@ class FitRecord:
         except Exception as e:
             try: self.spool.put(spool_address(self._shown()), self.run_id, fields)
             except Exception as e2:
-                return self._warn(e, f"nor could it be kept in {self.spool.path} ({_one_line(e2)}): this state of the "
+                return self._warn(e, f"nor could it be kept in {self.spool.path} ({one_line(e2)}): this state of the "
                                      "record is lost.")
             self._warn(e, f"it is kept in {self.spool.path}; the next access to the ledger that succeeds, from any "
                           f"process here, sends it, or now: fastrepro runs --sync {self.spool.path} --ledger "
@@ -137,5 +137,5 @@ class FitRecord:
         "Say once per fit that the ledger failed, what became of the record, and that training goes on"
         if self._told: return
         self._told = True
-        warnings.warn(f"The ledger {self._shown()} could not record this fit ({_one_line(e)}); {what} Training goes "
+        warnings.warn(f"The ledger {self._shown()} could not record this fit ({one_line(e)}); {what} Training goes "
                       "on.", LedgerWarning)

@@ -6,15 +6,13 @@ Docs: https://fastrepro.github.io/fastrepro/experiments/ledger.html.md"""
 
 # %% ../../nbs/experiments/04_ledger.ipynb #487eb8fd
 from __future__ import annotations
-import json, time, random, warnings, contextlib
+import json, warnings
 import numpy as np, pandas as pd
 from datetime import datetime, timezone
 from fastcore.basics import *
 from .stats import compare, CompareResult, ComparisonWarning
-from .store import (LEDGER_ENV, SCHEMA, SCHEMA_VERSION, MIGRATIONS, FIELDS, JSON_FIELDS,
-                                         VALUE_FIELDS,
-                             TIME_FIELDS, MAX_RETRIES, RETRY_WAIT_S, LedgerError, SQLiteDB, PostgresDB, ledger_address,
-                             _encode, _check_fields, _one_line)
+from .store import (FIELDS, JSON_FIELDS, VALUE_FIELDS, TIME_FIELDS, LedgerError, LedgerStore,
+                                         SQLiteDB, PostgresDB, ledger_address, one_line, _encode, _check_fields)
 from .spool import LedgerWarning, SpoolIndex, spool_address
 
 # %% auto #0
@@ -25,6 +23,7 @@ _FILTERABLE = ('id',) + tuple(f for f in FIELDS if f not in JSON_FIELDS)
 
 def _quote(c:str) -> str: return f'"{c}"'  # a column name, quoted: `commit` is an SQL keyword
 def _insert(cols): return f"INSERT INTO runs ({', '.join(map(_quote, cols))}) VALUES ({', '.join('?'*len(cols))})"
+def _set(cols) -> str: return ', '.join(f'{_quote(c)} = ?' for c in cols)  # an UPDATE's SET, its values given in order
 
 def _where(filters:dict) -> tuple:
     "SQL WHERE clause and parameters for equality `filters`"
@@ -109,7 +108,7 @@ def _check_seeds(runs:pd.DataFrame, name:str):
                       stacklevel=3)
 
 # %% ../../nbs/experiments/04_ledger.ipynb #1d2cb463
-class Ledger:
+class Ledger(LedgerStore):
     "The run ledger: an SQLite file or a PostgreSQL database (default: `ledger_address()`), created on first use"
     def __init__(self, address=None, # a file path, or a postgresql://user:password@host:port/db URL
                  create:bool=True, # create the ledger where there is none (False: a `LedgerError`)
@@ -118,50 +117,13 @@ class Ledger:
                  send_spooled:bool=True, # after each successful open or write, send what spools hold for this ledger
                 ):
         a = ledger_address(address)
-        self.db = PostgresDB(a, timeout) if isinstance(a, str) else SQLiteDB(a)
+        super().__init__(PostgresDB(a, timeout) if isinstance(a, str) else SQLiteDB(a), create)
         self.send_spooled = send_spooled
-        self._open(create)
         self._send_spooled()
 
     def __repr__(self): return f"Ledger('{self.db.address}', {len(self)} runs)"
     def __len__(self):
         with self._connect() as con: return self._execute(con, 'SELECT count(*) FROM runs').fetchone()[0]
-
-    @contextlib.contextmanager
-    def _connect(self):
-        "A fresh connection, closed on exit; the database's errors that a user must act on become `LedgerError`s"
-        try:
-            with contextlib.closing(self.db.connect()) as con, self.db.bounded(con): yield con
-        except Exception as e:
-            if (err := self.db.failure(e)) is None: raise
-            raise err from None
-
-    @contextlib.contextmanager
-    def _transaction(self, lock:bool=False):
-        "A connection in one transaction, committed at the end or rolled back on error; `lock`: the ledger's lock"
-        with self._connect() as con:
-            self.db.begin(con, lock)
-            try: yield con
-            except BaseException: con.execute('ROLLBACK'); raise
-            con.execute('COMMIT')
-
-    def _execute(self, con, sql:str, params=()): return con.execute(self.db.sql(sql), params)
-
-    def _retry(self, f):
-        "Call `f()`, retrying while the database is locked by other writers"
-        for attempt in range(MAX_RETRIES):
-            try: return f()
-            except Exception as e:
-                if not self.db.retryable(e) or attempt == MAX_RETRIES-1: raise
-                time.sleep(RETRY_WAIT_S * (attempt+1) * (1 + random.random()))
-
-    def _write(self, sql:str, params=()) -> tuple:
-        "Run one writing statement in its own transaction: (rows changed, rows returned)"
-        def _do():
-            with self._transaction() as con:
-                cur = self._execute(con, sql, params)
-                return cur.rowcount, (cur.fetchall() if cur.description else [])
-        return self._retry(_do)
 
     def with_timeout(self, timeout:float) -> Ledger:
         "This ledger, with each operation on a server bounded by `timeout` seconds where it had no bound"
@@ -175,40 +137,8 @@ class Ledger:
             try: sp.sync(self)
             except Exception as e:
                 warnings.warn(f"The records spooled in {sp.path} for the ledger {self.db.address} could not be sent "
-                              f"({_one_line(e)}); they stay there. Send them with: fastrepro runs --sync {sp.path} "
+                              f"({one_line(e)}); they stay there. Send them with: fastrepro runs --sync {sp.path} "
                               f"--ledger {self.db.address}", LedgerWarning)
-
-    def _version(self, con) -> int|None:
-        "The schema version of the ledger, None where there is no ledger"
-        if 'ledger_schema' not in self.db.tables(con): return None
-        return self._execute(con, 'SELECT version FROM ledger_schema').fetchone()[0]
-
-    def _open(self, create:bool):
-        "Check the schema version; create the ledger, or bring it up to `SCHEMA_VERSION`, where needed"
-        missing = LedgerError(f"No ledger at {self.db.address}. Give the address your runs were recorded in: a file "
-                              f"path or a postgresql:// URL (the command line's --ledger, or {LEDGER_ENV}).")
-        if not (create or self.db.exists()): raise missing
-        with self._connect() as con:
-            if self._version(con) == SCHEMA_VERSION: return
-        def _do():
-            with self._transaction(lock=True) as con:
-                version = self._version(con)
-                if version is None and not create: raise missing
-                if version is None and self.db.tables(con):
-                    raise LedgerError(f"{self.db.address} holds tables but no fastrepro ledger (no schema version). "
-                                      "Give the ledger a file or a database of its own.")
-                if version is not None and version > SCHEMA_VERSION:
-                    raise LedgerError(f"{self.db.address} holds a ledger of schema version {version}, written by a "
-                                      f"newer fastrepro (this one reads up to version {SCHEMA_VERSION}). Upgrade "
-                                      "fastrepro to read it.")
-                if version is None:
-                    for s in SCHEMA: self._execute(con, s.format(id=self.db.key))
-                    self._execute(con, 'INSERT INTO ledger_schema (version) VALUES (?)', [SCHEMA_VERSION])
-                    return
-                for v in range(version, SCHEMA_VERSION):
-                    for s in MIGRATIONS[v]: self._execute(con, s)
-                self._execute(con, 'UPDATE ledger_schema SET version = ?', [SCHEMA_VERSION])
-        self._retry(_do)
 
     def check_fields(self, fields:dict):
         "Raise `LedgerError` if `fields` holds a name that is not a ledger field"
@@ -230,9 +160,8 @@ class Ledger:
         "Set `fields` of run `run_id` (e.g. complete a 'running' record)"
         _check_fields(fields)
         if not fields: return
-        sets = ', '.join(f'{_quote(k)} = ?' for k in fields)
         params = [_encode(k, v) for k,v in fields.items()] + [int(run_id)]
-        changed, _ = self._write(f'UPDATE runs SET {sets} WHERE id = ?', params)
+        changed, _ = self._write(f'UPDATE runs SET {_set(fields)} WHERE id = ?', params)
         if changed == 0: raise LedgerError(f"There is no run {run_id} in ledger {self.db.address}.")
         self._send_spooled()
 
@@ -251,8 +180,7 @@ class Ledger:
         cols, values = list(rec), [_encode(c, rec[c]) for c in rec]
         # an update first: an upsert that finds the run takes a number from the ids' sequence all the same, and a fit
         # that writes its record at start, end and each note would leave gaps in the ids `fastrepro runs` shows
-        updated = self._write(f"UPDATE runs SET {', '.join(f'{_quote(c)} = ?' for c in cols)} WHERE run_key = ? "
-                              "RETURNING id", values + [run_key])[1]
+        updated = self._write(f"UPDATE runs SET {_set(cols)} WHERE run_key = ? RETURNING id", values + [run_key])[1]
         if updated: return updated[0][0]
         sets = ', '.join(f'{_quote(c)} = excluded.{_quote(c)}' for c in cols if c != 'run_key')
         # two writers adding it at once: one run

@@ -1,4 +1,4 @@
-"""Where and how a run ledger is stored: its address, its versioned schema, how each field is encoded, and the two databases that hold it (an SQLite file, a PostgreSQL server), with a throwaway local server to try one.
+"""Where and how a run ledger is stored: its address, its versioned schema, how each field is encoded, the two databases that hold it (an SQLite file, a PostgreSQL server) and the ledger's database opened at its schema version, with a throwaway local server to try one.
 
 Docs: https://fastrepro.github.io/fastrepro/experiments/store.html.md"""
 
@@ -6,7 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/experiments/store.html.md"""
 
 # %% ../../nbs/experiments/02_store.ipynb #3180f74d
 from __future__ import annotations
-import os, re, json, socket, sqlite3, shutil, tempfile, threading, subprocess, contextlib
+import os, re, json, time, random, socket, sqlite3, shutil, tempfile, threading, subprocess, contextlib
 import pandas as pd
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,7 +16,8 @@ from fastcore.basics import *
 __all__ = ['LEDGER_ENV', 'DEFAULT_LEDGER', 'SERVER_SCHEMES', 'SCHEMA_VERSION', 'SCHEMA', 'MIGRATIONS', 'FIELDS', 'JSON_FIELDS',
            'VALUE_FIELDS', 'TIME_FIELDS', 'REPRODUCTION', 'SELFTEST', 'STATUSES', 'BUSY_TIMEOUT_S', 'CONNECT_TIMEOUT_S',
            'MAX_RETRIES', 'RETRY_WAIT_S', 'SCHEMA_LOCK', 'PG_BIN_GLOB', 'PG_START_TIMEOUT_S', 'PG_PORT_TRIES',
-           'ledger_address', 'LedgerError', 'SQLiteDB', 'PostgresDB', 'postgres_bin', 'local_postgres']
+           'ledger_address', 'LedgerError', 'one_line', 'SQLiteDB', 'PostgresDB', 'LedgerStore', 'postgres_bin',
+           'local_postgres']
 
 # %% ../../nbs/experiments/02_store.ipynb #3d281ab1
 LEDGER_ENV = 'FASTREPRO_LEDGER'  # environment variable naming the default ledger (a file path or a server URL)
@@ -98,7 +99,10 @@ MAX_RETRIES = 10      # attempts of an operation that still finds the database l
 RETRY_WAIT_S = 0.05   # base of the randomised, growing wait between attempts
 SCHEMA_LOCK = 0x66727072  # PostgreSQL advisory lock key held while a ledger is created or migrated ('frpr')
 
-def _one_line(e:Exception) -> str: return ' '.join(str(e).split())
+def one_line(e:Exception|str) -> str:
+    "The message of `e` on one line: runs of whitespace, line breaks included, as one space"
+    return ' '.join(str(e).split())
+
 def _hide_password(url:str) -> str: return re.sub(r'(://[^:/@]*):[^@/]*@', r'\1:***@', url)
 
 def _free_space(path:Path) -> str:
@@ -146,7 +150,7 @@ class SQLiteDB:
             return LedgerError(f"{self.path} is not an SQLite database, so it is no fastrepro ledger. Point `Ledger` "
                                f"(or {LEDGER_ENV}) at a ledger file or at a new path.")
         if isinstance(e, sqlite3.OperationalError) and any(s in str(e) for s in _UNWRITABLE):
-            return LedgerError(f"The ledger {self.path} cannot be written: {_one_line(e)} ({_free_space(self.path)} "
+            return LedgerError(f"The ledger {self.path} cannot be written: {one_line(e)} ({_free_space(self.path)} "
                                "free there). Free space, or point the ledger at a writable disk.")
 
 class _Deadline:
@@ -196,7 +200,7 @@ class PostgresDB:
         except Exception as e:
             if not deadline.passed: raise
             raise LedgerError(f"The ledger server {self.address} accepted the connection but did not answer within "
-                              f"{self.timeout} s ({_one_line(e)}). Check that the server runs and is not overloaded."
+                              f"{self.timeout} s ({one_line(e)}). Check that the server runs and is not overloaded."
                              ) from None
         finally: deadline.end()
     def retryable(self, e:Exception) -> bool: return type(e).__name__ in ('SerializationFailure', 'DeadlockDetected')
@@ -204,7 +208,82 @@ class PostgresDB:
         "The one-line error to raise instead of `e`, if any: whatever the server or the connection to it says"
         import psycopg
         if isinstance(e, psycopg.Error) and not self.retryable(e):
-            return LedgerError(f"The ledger server {self.address} failed: {_one_line(e)}{_server_hint(e)}")
+            return LedgerError(f"The ledger server {self.address} failed: {one_line(e)}{_server_hint(e)}")
+
+# %% ../../nbs/experiments/02_store.ipynb #78405e7a
+class LedgerStore:
+    "A ledger's database `db` (`SQLiteDB`, `PostgresDB`), opened at `SCHEMA_VERSION`: connections, transactions"
+    def __init__(self, db, create:bool=True): # create the ledger where there is none (False: a `LedgerError`)
+        self.db = db
+        self._open(create)
+
+    @contextlib.contextmanager
+    def _connect(self):
+        "A fresh connection, closed on exit; the database's errors that a user must act on become `LedgerError`s"
+        try:
+            with contextlib.closing(self.db.connect()) as con, self.db.bounded(con): yield con
+        except Exception as e:
+            if (err := self.db.failure(e)) is None: raise
+            raise err from None
+
+    @contextlib.contextmanager
+    def _transaction(self, lock:bool=False):
+        "A connection in one transaction, committed at the end or rolled back on error; `lock`: the ledger's lock"
+        with self._connect() as con:
+            self.db.begin(con, lock)
+            try: yield con
+            except BaseException: con.execute('ROLLBACK'); raise
+            con.execute('COMMIT')
+
+    def _execute(self, con, sql:str, params=()): return con.execute(self.db.sql(sql), params)
+
+    def _retry(self, f):
+        "Call `f()`, retrying while the database is locked by other writers"
+        for attempt in range(MAX_RETRIES):
+            try: return f()
+            except Exception as e:
+                if not self.db.retryable(e) or attempt == MAX_RETRIES-1: raise
+                time.sleep(RETRY_WAIT_S * (attempt+1) * (1 + random.random()))
+
+    def _write(self, sql:str, params=()) -> tuple:
+        "Run one writing statement in its own transaction: (rows changed, rows returned)"
+        def _do():
+            with self._transaction() as con:
+                cur = self._execute(con, sql, params)
+                return cur.rowcount, (cur.fetchall() if cur.description else [])
+        return self._retry(_do)
+
+    def _version(self, con) -> int|None:
+        "The schema version of the ledger, None where there is no ledger"
+        if 'ledger_schema' not in self.db.tables(con): return None
+        return self._execute(con, 'SELECT version FROM ledger_schema').fetchone()[0]
+
+    def _open(self, create:bool):
+        "Check the schema version; create the ledger, or bring it up to `SCHEMA_VERSION`, where needed"
+        missing = LedgerError(f"No ledger at {self.db.address}. Give the address your runs were recorded in: a file "
+                              f"path or a postgresql:// URL (the command line's --ledger, or {LEDGER_ENV}).")
+        if not (create or self.db.exists()): raise missing
+        with self._connect() as con:
+            if self._version(con) == SCHEMA_VERSION: return
+        def _do():
+            with self._transaction(lock=True) as con:
+                version = self._version(con)
+                if version is None and not create: raise missing
+                if version is None and self.db.tables(con):
+                    raise LedgerError(f"{self.db.address} holds tables but no fastrepro ledger (no schema version). "
+                                      "Give the ledger a file or a database of its own.")
+                if version is not None and version > SCHEMA_VERSION:
+                    raise LedgerError(f"{self.db.address} holds a ledger of schema version {version}, written by a "
+                                      f"newer fastrepro (this one reads up to version {SCHEMA_VERSION}). Upgrade "
+                                      "fastrepro to read it.")
+                if version is None:
+                    for s in SCHEMA: self._execute(con, s.format(id=self.db.key))
+                    self._execute(con, 'INSERT INTO ledger_schema (version) VALUES (?)', [SCHEMA_VERSION])
+                    return
+                for v in range(version, SCHEMA_VERSION):
+                    for s in MIGRATIONS[v]: self._execute(con, s)
+                self._execute(con, 'UPDATE ledger_schema SET version = ?', [SCHEMA_VERSION])
+        self._retry(_do)
 
 # %% ../../nbs/experiments/02_store.ipynb #6a2f9c07
 PG_BIN_GLOB = 'usr/lib/postgresql/*/bin'  # where Debian and Ubuntu put PostgreSQL's server binaries, one per version
@@ -235,7 +314,7 @@ def local_postgres(user:str='fastrepro', # the server's superuser
     def pg(*args):
         r = subprocess.run(run_as + [str(bindir/args[0]), *map(str, args[1:])], capture_output=True, text=True,
                            timeout=PG_START_TIMEOUT_S)
-        if r.returncode: raise LedgerError(f"{args[0]} failed: {_one_line(r.stderr or r.stdout)}")
+        if r.returncode: raise LedgerError(f"{args[0]} failed: {one_line(r.stderr or r.stdout)}")
     try:
         (tmp/'pw').write_text(password)
         if as_root:

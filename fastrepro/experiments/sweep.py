@@ -13,6 +13,7 @@ from functools import partial
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, wait, FIRST_COMPLETED
 from datetime import datetime, timezone
 from fastcore.basics import *
+from .store import one_line  # no torch: `repeat`'s caller may never import it
 
 # %% auto #0
 __all__ = ['RESUME_FIELDS', 'DASK_NO_DAEMON', 'POLL_S', 'pinned', 'WorkerError', 'SweepError', 'repeat']
@@ -146,7 +147,7 @@ def _record(ledger, rec:dict, seed, submitted:datetime, run) -> int:
         rec.update(status='interrupted', started=submitted, finished=_now(), notes='KeyboardInterrupt')
     elif isinstance(run, BaseException):  # the worker died: where and how far it ran is unknown
         rec.update(status='failed', started=submitted, finished=_now(), env=None, env_hash=None,
-                   notes=' '.join(f"{type(run).__name__}: {run}".split()))
+                   notes=one_line(f"{type(run).__name__}: {run}"))
     else:
         rec.update(env=run['env'], env_hash=run['env']['env_hash'], started=run['started'], finished=run['finished'],
                    duration=run['duration'])
@@ -222,5 +223,5 @@ def repeat(train_fn, # called as `train_fn(seed)`, returns a dict of final metri
                  "without a completed record." if ledger is not None else "Run these seeds again.")
         first = next(iter(lost.values()))
         msg = f"Seeds {sorted(lost)} were lost: their worker died ({why}; the first said: {first}). {again}"
-        raise SweepError(' '.join(msg.split()), res)
+        raise SweepError(one_line(msg), res)
     return res
