@@ -1,4 +1,5 @@
-"""A damaged checkpoint is refused, never resumed (`fastrepro.state.integrity`). A fuzz test over one real checkpoint:
+"""A damaged checkpoint is refused, never resumed (`fastrepro.checkpoint.integrity`). A fuzz test over one real
+checkpoint:
 cut at offsets in every part of the file, one byte flipped at offsets over every kind of record and every zip structure
 torch reads; each outcome is either refused with the one-line `CheckpointError` or loaded bit-identical to the original
 (a byte no reader uses), never a load that differs. Bad inputs: empty, a record removed, not a zip, a folder, another
@@ -12,8 +13,8 @@ import pytest, torch
 from fastai.basics import Callback, nn
 from fastai.test_utils import synth_learner, RegModel
 from conftest import ROOT, fastrepro_cli, hang_limit
-from fastrepro.state.integrity import zip_records, record_holds, LOCAL_HEADER
-from fastrepro.state.checkpoint import CheckpointError, read_checkpoint, checkpoint_info, split_state, FORMAT_VERSION
+from fastrepro.checkpoint.integrity import zip_records, record_holds, LOCAL_HEADER
+from fastrepro.checkpoint.file import CheckpointError, read_checkpoint, checkpoint_info, split_state, FORMAT_VERSION
 from fastrepro.state import checkpoint
 from fastrepro.callback.repro import ReproCB
 from fastrepro.callback.preempt import CheckpointCB
