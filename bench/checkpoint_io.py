@@ -16,7 +16,7 @@ SIZE_TARGET_KB = 8   # "plus a few kilobytes"
 
 
 def _save_note() -> str:
-    import fastrepro.state.checkpoint as ck
+    import fastrepro.checkpoint.file as ck
     durable = getattr(ck, 'DURABLE', True)
     return ("fastrepro writes atomically (temporary file, atomic swap)"
             f"{', with an fsync before the rename' if durable else '; no fsync (DURABLE=False)'}")

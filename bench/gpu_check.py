@@ -103,7 +103,7 @@ def harness_checks(args, prof, df, out:Path, env:dict) -> list:
     "Checks 1 and 2: fp16 classifier jobs, each stage a fresh process"
     from fastrepro.demo.jobs import Job, job_process, job_error
     from fastrepro.record.divergence import RunRecord
-    from fastrepro.state.checkpoint import checkpoint_info
+    from fastrepro.checkpoint.file import checkpoint_info
     from fastrepro.demo.ulmfit import Stage, lm_dls
     t0 = time.time()
 

@@ -1,4 +1,4 @@
-"""Benchmark 3b: what checking a checkpoint's bytes costs a load (`fastrepro.state.integrity`), beside benchmark 3.
+"""Benchmark 3b: what checking a checkpoint's bytes costs a load (`fastrepro.checkpoint.integrity`), beside benchmark 3.
 
 Every fastrepro read checks the zip structure, then lets torch read the file while one CRC-32 pass (zlib-ng's) over
 every record runs beside it in a thread; what was read is handed on once the pass found every record intact. Measured
@@ -29,7 +29,7 @@ def _with_opt_state(learn):
 
 def _check_alone(f) -> float:
     "Seconds of `check_records` over file `f`"
-    from fastrepro.state.integrity import check_records
+    from fastrepro.checkpoint.integrity import check_records
     t = time.perf_counter()
     with open(f, 'rb') as h: check_records(h)
     return time.perf_counter() - t
@@ -38,7 +38,7 @@ def _check_alone(f) -> float:
 def run(cfg:Config) -> list:
     from fastrepro.callback.repro import ReproCB
     from fastrepro.demo.ulmfit import lm_learner, clas_learner, PROFILES
-    import fastrepro.state.checkpoint as ck
+    import fastrepro.checkpoint.file as ck
     lm, clas = text_data(cfg.larger)
     path = cfg.out/'integrity'
     cases = [('LM', lambda cbs: lm_learner(lm, cfg.larger, path=path, cbs=cbs)),

@@ -135,7 +135,7 @@ def section_setup(cfg):
 
 def section_checkpoint(cfg):
     import torch
-    import fastrepro.state.checkpoint as ck
+    import fastrepro.checkpoint.file as ck
     from fastrepro.callback.repro import ReproCB
     from fastrepro.demo.ulmfit import clas_learner
     _, clas = text_data(cfg.prof)

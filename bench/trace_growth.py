@@ -85,7 +85,7 @@ def _tail_bytes(learn) -> int:
 def _inside(learn, path) -> dict:
     ("Format 6's checkpoint of the same run: every row of the trace and of the Recorder inside it, written as the "
      "save wrote it then (no trace file); its size, its save's time, and what the trace then held in memory")
-    from fastrepro.state.checkpoint import checkpoint_state, atomic_torch_save, STATE_KEY
+    from fastrepro.checkpoint.file import checkpoint_state, atomic_torch_save, STATE_KEY
     cb = learn.repro_cb
     tracemalloc.start()
     cb.trace.inline(); cb._rec_lists = None  # every row in memory and in the state, as format 6 kept them

@@ -9,14 +9,15 @@ __all__ = []
 
 # %% ../nbs/99_all.ipynb #db03c2a0
 # modules a user calls nothing of, imported so that every patch applies (`core`: Learner.fit; `distrib`: DistributedDL)
-from .state import core, resume, distrib
+from .state import core, distrib
+from .checkpoint import resume
 from .state.core import ReproEvents  # the events a callback may add (`plan_fit`, `before_save`, ...)
 from .state.rng import seed_everything, derive_seed, rng_states, restore_rng_states
 from .state.portable import portable_env
 from .state.kernels import set_deterministic, deterministic_switches, set_switches
 from .state.kernels import set_portable, restore_portable, portable_problems
-from .state.checkpoint import CheckpointError, ResumeError, checkpoint_info, read_checkpoint, atomic_torch_save
-from .state.checkpoint import checkpoint_summary, checkpoint_upgrade, CheckpointWriteError
+from .checkpoint.file import CheckpointError, ResumeError, checkpoint_info, read_checkpoint, atomic_torch_save
+from .checkpoint.file import checkpoint_summary, checkpoint_upgrade, CheckpointWriteError
 from .callback.repro import ReproCB, UnseededStartWarning
 from .callback.preempt import CheckpointCB
 from .state.data import make_deterministic, undo_deterministic, set_epoch
@@ -24,7 +25,8 @@ from .state.passes import pass_problem, loader_differences, FastaiMismatchWarnin
 from .callback.fp16 import ReproMixedPrecision  # also Learner.to_repro_fp16, loss_scale_history, ...
 from .state.audit import NondeterminismError, NondeterminismWarning
 from .state.audit import audit_model, audit_switches, fix_rnn_dropout
-from .record.trace import save_trace, load_trace, state_digest
+from .record.trace import save_trace, load_trace
+from .checkpoint.manifest import state_digest
 from .record.divergence import first_divergence
 from .record.divergence import RunRecord, same_run, plot_losses
 from .record.provenance import DirtyTreeError, ProvenanceWarning, RankMismatchError

@@ -359,7 +359,7 @@ def show_text(info:dict) -> str:
 def show_command(args):
     ("Show what a checkpoint holds: seed, position, commit, environment, format, integrity, its trace file, who signed "
      "it; runs nothing it carries (exit code 0: a readable checkpoint, 2: not one)")
-    with _library_imports(): from fastrepro.state.checkpoint import checkpoint_info, CheckpointError
+    with _library_imports(): from fastrepro.checkpoint.file import checkpoint_info, CheckpointError
     path = Path(args.checkpoint)
     if not path.exists(): raise CLIError(f"{path}: no such file; pass a checkpoint a save wrote (`learn.save`).")
     try: info = checkpoint_info(path)

@@ -7,8 +7,8 @@ import pytest
 from conftest import ROOT, hang_limit
 
 from fastrepro.cli import main
-from fastrepro.state.checkpoint import checkpoint_info, read_checkpoint, split_state
-from fastrepro.state.beside import BesideLog
+from fastrepro.checkpoint.file import checkpoint_info, read_checkpoint, split_state
+from fastrepro.checkpoint.trace_file import BesideLog
 
 FIXTURES = ROOT/'nbs'/'fixtures'
 RUN_TIMEOUT_S = hang_limit(30)  # a fastai import (about 5 s) and a tiny fit

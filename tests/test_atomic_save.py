@@ -3,7 +3,7 @@ truncated file under the final name."""
 import os, signal, subprocess, sys, time
 from pathlib import Path
 import torch
-from fastrepro.state.checkpoint import read_checkpoint, split_state, checkpoint_info
+from fastrepro.checkpoint.file import read_checkpoint, split_state, checkpoint_info
 from conftest import hang_limit
 
 SAVER = '''

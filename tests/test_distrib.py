@@ -4,7 +4,7 @@ import os, shutil, socket, subprocess, sys, time
 from pathlib import Path
 import pytest, torch
 from conftest import ROOT, hang_limit
-from fastrepro.state.checkpoint import checkpoint_info
+from fastrepro.checkpoint.file import checkpoint_info
 
 pytestmark = pytest.mark.slow  # torchrun and accelerate launches: the inner loop (-m "not slow") skips them
 

@@ -11,8 +11,9 @@ from fastai.test_utils import synth_learner
 from fastrepro.all import ReproCB, CheckpointCB, Ledger, LedgerError, checkpoint_info, seed_everything
 from fastrepro.experiments.store import postgres_bin, local_postgres
 from fastrepro.experiments.spool import Spool, SpoolIndex, SPOOL_NAME, SPOOLS_ENV, LedgerWarning
-from fastrepro.state.checkpoint import CheckpointWriteError
-from fastrepro.callback.preempt import SAVE_FAILED_EXIT, read_manifest
+from fastrepro.checkpoint.file import CheckpointWriteError
+from fastrepro.callback.preempt import SAVE_FAILED_EXIT
+from fastrepro.checkpoint.manifest import read_manifest
 from conftest import hang_limit
 
 ROOT = Path(__file__).parent.parent

@@ -1,9 +1,9 @@
-"""A damaged checkpoint is refused, never resumed (`fastrepro.state.integrity`). A fuzz test over one real checkpoint:
-cut at offsets in every part of the file, one byte flipped at offsets over every kind of record and every zip structure
-torch reads; each outcome is either refused with the one-line `CheckpointError` or loaded bit-identical to the original
-(a byte no reader uses), never a load that differs. Bad inputs: empty, a record removed, not a zip, a folder, another
-architecture, a newer format; fastai's `SaveModelCallback` reloading a damaged best model. In fresh processes:
-autoresume after SIGTERM with the newest checkpoint damaged continues from the newest intact one (`keep=2`)
+"""A damaged checkpoint is refused, never resumed (`fastrepro.checkpoint.integrity`). A fuzz test over one real
+checkpoint: cut at offsets in every part of the file, one byte flipped at offsets over every kind of record and every
+zip structure torch reads; each outcome is either refused with the one-line `CheckpointError` or loaded bit-identical to
+the original (a byte no reader uses), never a load that differs. Bad inputs: empty, a record removed, not a zip, a
+folder, another architecture, a newer format; fastai's `SaveModelCallback` reloading a damaged best model. In fresh
+processes: autoresume after SIGTERM with the newest checkpoint damaged continues from the newest intact one (`keep=2`)
 bit-identical to the uninterrupted run, or refuses (`keep=1`); `fastrepro reproduce` refuses a damaged file with
 exit 2."""
 import io, os, pickle, signal, subprocess, sys, zipfile, warnings
@@ -12,9 +12,9 @@ import pytest, torch
 from fastai.basics import Callback, nn
 from fastai.test_utils import synth_learner, RegModel
 from conftest import ROOT, fastrepro_cli, hang_limit
-from fastrepro.state.integrity import zip_records, record_holds, LOCAL_HEADER
-from fastrepro.state.checkpoint import CheckpointError, read_checkpoint, checkpoint_info, split_state, FORMAT_VERSION
-from fastrepro.state import checkpoint
+from fastrepro.checkpoint.integrity import zip_records, record_holds, LOCAL_HEADER
+from fastrepro.checkpoint.file import CheckpointError, read_checkpoint, checkpoint_info, split_state, FORMAT_VERSION
+from fastrepro.checkpoint import file as checkpoint_file
 from fastrepro.callback.repro import ReproCB
 from fastrepro.callback.preempt import CheckpointCB
 from fastrepro.state.rng import seed_everything
@@ -141,7 +141,7 @@ def test_fuzz_flips_and_cuts(ck, capsys, monkeypatch, beside):
     ("Every cut and every flipped byte: refused with the line, or loaded bit-identical; never a load that differs; "
      "with the CRC-32 pass before torch reads the file (a small file) and beside it (a large one: torch reads damaged "
      "bytes, and nothing of them is handed on)")
-    if beside: monkeypatch.setattr(checkpoint, 'BESIDE_BYTES', 0)
+    if beside: monkeypatch.setattr(checkpoint_file, 'BESIDE_BYTES', 0)
     ref, models = read_checkpoint(ck), ck.parent
     learn = learner(ck.parent.parent)
     with warnings.catch_warnings():

@@ -11,7 +11,7 @@ import signal
 import pytest, torch
 from fastrepro.demo.jobs import Job, job_process, job_error, BEST
 from fastrepro.record.divergence import RunRecord, same_run
-from fastrepro.state.checkpoint import checkpoint_info
+from fastrepro.checkpoint.file import checkpoint_info
 from fastrepro.demo.ulmfit import Stage, imdb_sample_df, lm_dls, subsample, ENCODER
 
 pytestmark = pytest.mark.slow  # trains in fresh processes: the inner loop (-m "not slow") skips it

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, hang_limit
 
-from fastrepro.state.checkpoint import checkpoint_info
+from fastrepro.checkpoint.file import checkpoint_info
 from fastrepro.experiments.ledger import Ledger
 from fastrepro.record.provenance import git_info, git_patch, MAX_CODE_BYTES
 from fastrepro.record.trust import record_problem

@@ -8,14 +8,14 @@ import pytest
 import torch
 from conftest import ROOT, hang_limit
 
-from fastrepro.state.checkpoint import checkpoint_info, read_checkpoint, split_state
-from fastrepro.state.formats import pack_git
+from fastrepro.checkpoint.file import checkpoint_info, read_checkpoint, split_state
+from fastrepro.checkpoint.formats import pack_git
 from fastrepro.state.core import digest
 from fastrepro.cli import main
 from fastrepro.check.reproduce import reproduce, reproduce_segments, segments_verdict, _ledger_run
 from fastrepro.check.rebuild import EXIT_PARTS, EXIT_FAILED
 from fastrepro.check.rerun import _threads
-from fastrepro.callback.preempt import read_manifest, checkpoint_digests
+from fastrepro.checkpoint.manifest import read_manifest, checkpoint_digests
 from fastrepro.experiments.ledger import Ledger
 
 pytestmark = pytest.mark.slow  # trains and re-runs in fresh processes: the inner loop (-m "not slow") skips it

@@ -13,8 +13,8 @@ MAX_MODULE_LINES = 450  # a module a reader takes in as one concern
 GENERATED = {'fastrepro._modidx'}  # nbdev's index of the symbols, written by `nbdev-export`
 # the package's folders, bottom to top; the modules at the top of the package (the command line, the launcher, `all`)
 # stand above them all
-FLOORS = ('state', 'record', 'experiments', 'callback', 'check', 'demo')
-MAX_TOP_ENTRIES = 8  # folders and modules at the top of the package besides `__init__`, `all` and `_modidx`
+FLOORS = ('state', 'checkpoint', 'record', 'experiments', 'callback', 'check', 'demo')
+MAX_TOP_ENTRIES = 9  # folders and modules at the top of the package besides `__init__`, `all` and `_modidx`
 
 
 def modules() -> dict:

@@ -227,7 +227,7 @@ def test_reproduce_verdict_in_the_runs(runs, tmp_path):
     ref, _, url = runs
     import mlflow
     from fastrepro.check.reproduce import reproduce
-    from fastrepro.state.checkpoint import checkpoint_info
+    from fastrepro.checkpoint.file import checkpoint_info
     checkpoint = ref/'models'/'checkpoint.pth'
     saved = checkpoint_info(checkpoint)['trackers']
     res = reproduce(checkpoint, tmp_path, command=f'{sys.executable} {JOB} --csv --fp16', env=QUIET, show=False)

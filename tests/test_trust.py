@@ -12,8 +12,8 @@ import torch
 from conftest import fastrepro_cli, hang_limit
 from test_reproduce import _repo, _git, _env
 
-from fastrepro.state.checkpoint import checkpoint_info, read_checkpoint, split_state
-from fastrepro.state.formats import pack_git, pack_entry
+from fastrepro.checkpoint.file import checkpoint_info, read_checkpoint, split_state
+from fastrepro.checkpoint.formats import pack_git, pack_entry
 from fastrepro.record.provenance import git_info, git_patch
 from fastrepro.record.trust import sign_run, trusted_file
 from fastrepro.experiments.ledger import Ledger

@@ -10,7 +10,7 @@ from fastrepro.callback.repro import ReproCB
 from fastrepro.callback.preempt import CheckpointCB
 from fastrepro.callback.fp16 import ReproMixedPrecision  # `Learner.to_repro_fp16`
 from fastrepro.state.rng import seed_everything
-from fastrepro.record.trace import state_digest
+from fastrepro.checkpoint.manifest import state_digest
 
 N_EPOCH, EVERY, SEED, LR = 3, 3, 5, 1e-2
 N_ROWS, N_VALID, BS = 80, 16, 16  # 4 training batches an epoch

@@ -6,26 +6,23 @@ Docs: https://fastrepro.github.io/fastrepro/callback/preempt.html.md"""
 
 # %% ../../nbs/callback/03_preempt.ipynb #d0ff5ff1
 from __future__ import annotations
-import os, sys, json, time, shutil, signal, itertools, threading, warnings
+import os, sys, time, signal, itertools, threading, warnings
 from fastai.basics import *
 from ..state.core import *
 from ..state.distrib import any_rank
-from ..state.checkpoint import checkpoint_info, ResumeError, TMP_PREFIX, CheckpointWriteError
-from ..state.checkpoint import read_checkpoint, split_state, model_signature
+from ..checkpoint.file import checkpoint_info, ResumeError, CheckpointWriteError, model_signature
+from ..checkpoint.file import CheckpointError, DamagedCheckpointError
+from ..checkpoint.files import CheckpointFiles, link, DAMAGED_SUFFIX
+from ..checkpoint.manifest import checkpoint_digests, add_to_manifest
+from ..checkpoint.resume import inside_problem, run_identity, run_difference, fit_schedule
+from ..checkpoint.resume import RunLock, ForeignRunError
 from ..state.data import data_fingerprint
 from ..record.entry import entry_point
 from ..record.provenance import code_changes, git_patch
-from ..state.checkpoint import CheckpointError, DamagedCheckpointError
-from ..state.integrity import older_checkpoints
-from ..record.trace import state_digest
 from .repro import ReproCB
-from ..state.resume import inside_problem, run_identity, run_difference, fit_schedule
-from ..state.resume import RunLock, LOCK_SUFFIX, ForeignRunError
 
 # %% auto #0
-__all__ = ['PREEMPT_SIGNALS', 'SIGNAL_EXIT_BASE', 'SAVE_FAILED_EXIT', 'MANIFEST_SUFFIX', 'POSITION_KEYS', 'DAMAGED_SUFFIX',
-           'states_digest', 'checkpoint_digests', 'manifest_path', 'read_manifest', 'manifest_key', 'add_to_manifest',
-           'CheckpointCB', 'Autoresume']
+__all__ = ['PREEMPT_SIGNALS', 'SIGNAL_EXIT_BASE', 'SAVE_FAILED_EXIT', 'CheckpointCB', 'Autoresume']
 
 # %% ../../nbs/callback/03_preempt.ipynb #160dd579
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # what Kubernetes, spot terminations and SLURM's `--signal` send
@@ -36,79 +33,17 @@ SIGNAL_EXIT_BASE = 128
 SAVE_FAILED_EXIT = 74
 _script_fits = itertools.count()  # numbers the fits this process runs with `autoresume`, in the order it runs them
 
-def _link(src:Path, dst:Path):
-    "Make `dst` another name of the file `src` (a hard link; a copy where the file system has none), atomically"
-    tmp = dst.with_name(f'{TMP_PREFIX}{dst.name}')
-    tmp.unlink(missing_ok=True)
-    try: os.link(src, tmp)
-    except OSError: shutil.copy2(src, tmp)
-    os.replace(tmp, dst)
-
 def _tell(msg:str, **kwargs):
     "Print `msg` from one process: rank 0 (every rank takes the same decisions)"
     if rank_distrib() == 0: print(msg, **kwargs)
 
 # %% ../../nbs/callback/03_preempt.ipynb #01ea962e
-MANIFEST_SUFFIX = '.digests.jsonl'  # `{fname}.digests.jsonl` beside `{fname}.pth`: one JSON line per checkpoint written
-POSITION_KEYS = ('fit', 'epoch', 'batch', 'iteration')  # where a checkpoint was written (`StopAtCB` stops there)
-
-def states_digest(o) -> str|None:
-    ("sha256 of a nested state (dicts, lists and tuples of tensors and plain values): its tensors' names, dtypes, "
-     "shapes and bytes (`state_digest`), and its other values; None for None")
-    if o is None: return None
-    tensors, plain = {}, {}
-    def _walk(o, where):
-        items = o.items() if isinstance(o, dict) else enumerate(o) if isinstance(o, (list, tuple)) else None
-        if items is not None:
-            for k, v in items: _walk(v, f'{where}[{k!r}]')
-        elif isinstance(o, Tensor): tensors[where] = o
-        else: plain[where] = o
-    _walk(o, '')
-    return digest([state_digest(tensors), sorted(plain.items())], None)
-
-def checkpoint_digests(path) -> dict:
-    ("Where the checkpoint at `path` was written (`POSITION_KEYS`, model signature, run seed) and the digests of its "
-     "weights, optimizer state and generator states (None: none saved; at an epoch's start they derive from the seed)")
-    model, opt, extra = split_state(read_checkpoint(path, mmap=True))
-    repro = extra['callbacks']['repro_cb']
-    pos = repro['position']
-    return dict(fit=pos['fit'], epoch=pos['epoch'], batch=pos['batch'], iteration=pos['train_iter'],
-                model=extra['model']['digest'], seed=repro['seed'], weights=state_digest(model),
-                optimizer=states_digest(opt), generators=states_digest((repro.get('inside') or {}).get('generators')))
-
-def manifest_path(checkpoint) -> Path:
-    "The manifest beside `checkpoint` (`{fname}.pth` -> `{fname}.digests.jsonl`)"
-    p = Path(checkpoint)
-    return p.with_name(p.stem + MANIFEST_SUFFIX)
-
-def read_manifest(checkpoint) -> list:
-    "The manifest entries of the checkpoints written as `checkpoint`, oldest first; [] when it has none"
-    f = manifest_path(checkpoint)
-    return [json.loads(l) for l in f.read_text().splitlines() if l.strip()] if f.exists() else []
-
-def manifest_key(entry:dict) -> tuple:
-    "A checkpoint's place in its run: (fit, epoch, batch) order the checkpoints a run writes"
-    return entry['fit'], entry['epoch'], entry['batch']
-
-def add_to_manifest(checkpoint, # the checkpoint just written
-                    entry:dict, # its `checkpoint_digests`
-                   ) -> list:
-    ("Record `entry` in the manifest beside `checkpoint`, atomically, after the entries of the same run before it "
-     "(same learner and seed, an earlier position); the entries now")
-    run = lambda e: (e['model'], e['seed'])
-    res = [e for e in read_manifest(checkpoint) if run(e) == run(entry) and manifest_key(e) < manifest_key(entry)]
-    res.append(entry)
-    f = manifest_path(checkpoint)
-    tmp = f.with_name(f'{TMP_PREFIX}{f.name}')
-    tmp.write_text(''.join(json.dumps(e) + '\n' for e in res))
-    os.replace(tmp, f)
-    return res
-
 def _record(path:Path):
     "Add the checkpoint just written at `path` to the manifest beside it; a manifest the disk refuses is said"
     try: add_to_manifest(path, checkpoint_digests(path))
     except OSError as e:
-        warnings.warn(f"CheckpointCB: the digests of {path} could not be added to {manifest_path(path)} ({e}); the "
+        warnings.warn(f"CheckpointCB: the digests of {path} could not be added to {CheckpointFiles(path).manifest} "
+                      f"({e}); the "
                       "checkpoint itself is written. `reproduce_segments` cannot end a segment there.")
 
 class CheckpointCB(Callback, ReproEvents):
@@ -160,7 +95,7 @@ class CheckpointCB(Callback, ReproEvents):
         if self.autoresume and self.fit_number is not None:
             # the fit's end state, kept for a rerun that skips this fit (not written: the rerun continues the newest)
             if self._save_due() and rank_distrib() == 0:
-                _link(self.path, self.path.with_name(f'{self.fname}-fit{self.fit_number}.pth'))
+                link(self.path, self.files.fit_end(self.fit_number))
         if any_rank(self.signum is not None)[0]: self._preempted()
 
     def after_fit_exception(self, exc): self._end()
@@ -169,18 +104,20 @@ class CheckpointCB(Callback, ReproEvents):
     def load_state_dict(self, d:dict): pass  # read from the file by `plan_fit`: a `load` by hand needs nothing of it
 
     @property
+    def files(self) -> CheckpointFiles:
+        "The names of this callback's files: the newest checkpoint, the kept ones, the fits' ends, manifest, lock"
+        return CheckpointFiles.named(self.learn.path/self.learn.model_dir, self.fname)
+
+    @property
     def path(self) -> Path:
         "The newest checkpoint's path"
-        return self.learn.path/self.learn.model_dir/f'{self.fname}.pth'
+        return self.files.path
 
     def save(self):
         "Write a checkpoint now, as the newest, keeping `keep` in all (every rank calls it; rank 0 writes the files)"
         # after a failed save the newest is also `.1` already: rotating again would push out an older one
         if self.keep > 1 and rank_distrib() == 0 and self.path.exists() and self.failing is None:
-            for i in range(self.keep - 1, 1, -1):
-                older = self.path.with_name(f'{self.fname}.{i-1}.pth')
-                if older.exists(): os.replace(older, self.path.with_name(f'{self.fname}.{i}.pth'))
-            _link(self.path, self.path.with_name(f'{self.fname}.1.pth'))
+            self.files.rotate(self.keep)
         self.learn.save(self.fname, with_opt=self.with_opt)
         self._last = time.monotonic()
         if rank_distrib() == 0: _record(self.path)
@@ -258,8 +195,6 @@ class CheckpointCB(Callback, ReproEvents):
         self._handlers = {}
 
 # %% ../../nbs/callback/03_preempt.ipynb #e3fe19a5
-DAMAGED_SUFFIX = '.damaged'  # a damaged checkpoint set aside: `checkpoint.pth.damaged`, out of every `.pth` listing
-
 class Autoresume:
     "CheckpointCB's rerun-to-continue: whose checkpoints these are, which fit of the script this is, skip or continue"
     def __init__(self, cb:CheckpointCB): self.cb = cb
@@ -278,7 +213,7 @@ class Autoresume:
         cb = self.cb
         cb.fit_number = n = next(_script_fits)
         self._lock()
-        done = cb.path.with_name(f'{cb.fname}-fit{n}.pth')
+        done = cb.files.fit_end(n)
         if done.exists(): return self._skip(done, checkpoint_info(done))
         if not cb.path.exists(): return start_epoch
         info = self.newest_intact()  # a damaged newest one: the newest intact one kept (`keep`) takes its place
@@ -301,8 +236,8 @@ class Autoresume:
         self._check(info)
         cb.learn.load(file.stem, with_opt=cb.with_opt)
         cb.learn.repro_cb.end_loaded_fit(file)
-        done = cb.path.with_name(f'{cb.fname}-fit{cb.fit_number}.pth')
-        if file != done and rank_distrib() == 0: _link(file, done)
+        done = cb.files.fit_end(cb.fit_number)
+        if file != done and rank_distrib() == 0: link(file, done)
         _tell(f"fastrepro: fit {cb.fit_number} ({info['n_epoch']} epochs) was completed by an earlier run; "
               f"its end state is loaded from {file}.")
 
@@ -326,7 +261,7 @@ class Autoresume:
         "Hold the run's lock (rank 0, for every rank), or refuse: another live process continues these checkpoints"
         why = None
         if rank_distrib() == 0:
-            try: RunLock(self.cb.path.with_suffix(LOCK_SUFFIX)).take()
+            try: RunLock(self.cb.files.lock).take()
             except ForeignRunError as e: why = str(e.code)
         if any_rank(why is not None)[0]: raise ForeignRunError(why or "Rank 0 of this run could not take its lock.")
 
@@ -345,14 +280,14 @@ class Autoresume:
          "newer ones are said and set aside, and the intact one becomes the newest; none intact raises "
          "`DamagedCheckpointError`")
         cb, tried = self.cb, []
-        for p in [cb.path] + older_checkpoints(cb.path)[:cb.keep - 1]:
+        for p in [cb.path] + cb.files.older()[:cb.keep - 1]:
             try: info = checkpoint_info(p)
             except DamagedCheckpointError as e: tried.append(e); continue
             if not tried: return info
             distrib_barrier()  # every rank has read the files before rank 0 moves them
             if rank_distrib() == 0:
-                for e in tried: os.replace(e.path, e.path.with_name(e.path.name + DAMAGED_SUFFIX))
-                _link(p, cb.path)
+                for e in tried: os.replace(e.path, CheckpointFiles.damaged(e.path))
+                link(p, cb.path)
             distrib_barrier()
             skipped = '; '.join(f"{e.path.name} ({e.why})" for e in tried)
             _tell(f"fastrepro: skipped the damaged {skipped}: its bytes changed after they were written; set aside "

@@ -11,16 +11,17 @@ from fastai.basics import *
 from ..state.core import *
 from ..state.rng import derive_seed, seed_global, rng_states, torch_seeded
 from ..state.kernels import FitSwitches
-from ..state.checkpoint import *
-from ..state.formats import pack_git, pack_entry, _fit_ended
+from ..checkpoint.file import *
+from ..checkpoint.formats import pack_git, pack_entry, _fit_ended
 from ..record.trust import signature_or_none
-from ..state.resume import Position, ResumePlan, inside_state, end_state, restore_end
-from ..state.fastai_state import recorder_state, grad_presence, fastai_callback_states
-from ..state.beside import BesideLog, MissingLogError
+from ..checkpoint.resume import Position, ResumePlan, inside_state, end_state, restore_end
+from ..checkpoint.fastai_state import recorder_state, grad_presence, fastai_callback_states
+from ..checkpoint.trace_file import BesideLog, MissingLogError
 from ..state.data import make_deterministic, undo_deterministic, set_epoch, loader_orders
 from ..state.distrib import world_size
 from ..state.audit import audit_fit, audit_resume, Findings
-from ..record.trace import Trace, TraceFile, TRACE_EVERY, INITIAL_WEIGHTS, state_digest
+from ..record.trace import Trace, TraceFile, TRACE_EVERY, INITIAL_WEIGHTS
+from ..checkpoint.manifest import state_digest
 from ..state.environment import environment_info
 from ..record.provenance import run_provenance, git_info, check_ranks_agree, written_since
 from ..experiments.ledger import Ledger

@@ -15,8 +15,8 @@ from fastai.basics import *
 from ..state.core import in_fit, training_fit
 from ..state.rng import rng_states, restore_rng_states
 from ..state.kernels import deterministic_switches, set_switches
-from ..state.checkpoint import model_signature
-from ..record.trace import state_digest
+from ..checkpoint.file import model_signature
+from ..checkpoint.manifest import state_digest
 from .rebuild import EXIT_REPRODUCED
 
 # %% auto #0

@@ -19,7 +19,7 @@ from ..state.kernels import same_kernels_env, cpuinfo, mkl_cbwr, aten_capability
 from ..callback.repro import ReproCB
 from ..callback.preempt import CheckpointCB
 from ..callback.fp16 import ReproMixedPrecision  # also `Learner.to_repro_fp16` and `to_repro_bf16`
-from ..state.checkpoint import checkpoint_info
+from ..checkpoint.file import checkpoint_info
 from ..record.divergence import RunRecord, same_run
 from ..state.passes import LOADER_DIFFERENCES, loader_differences, foreign_fastai
 from ..state.audit import NondeterminismError, audit_switches, audit_model, fix_rnn_dropout

@@ -9,10 +9,10 @@ from __future__ import annotations
 import os, shutil, signal, zipfile, tempfile, threading, subprocess, contextlib
 from pathlib import Path
 from ..state.core import digest
-from ..state.checkpoint import CheckpointError, read_checkpoint, split_state, upgrade_state, checkpoint_info
+from ..checkpoint.file import CheckpointError, read_checkpoint, split_state, upgrade_state, checkpoint_info
 from ..record.provenance import git_info
 from ..record.trace import whole_state, compact_of, trace_frame
-from ..state.beside import DamagedLogError
+from ..checkpoint.trace_file import DamagedLogError
 from ..experiments.store import one_line
 
 # %% auto #0

@@ -9,14 +9,14 @@ from __future__ import annotations
 import sys, json, time, shutil, posixpath, itertools
 from pathlib import Path, PurePosixPath
 import pandas as pd
-from ..state.checkpoint import CheckpointError, read_checkpoint, split_state, checkpoint_info
-from ..state.integrity import older_checkpoints
+from ..checkpoint.file import CheckpointError, read_checkpoint, split_state, checkpoint_info
+from ..checkpoint.files import CheckpointFiles
 from ..record.divergence import BEFORE_TRAINING, unseen_rows
 from ..experiments.store import LedgerError, REPRODUCTION, one_line
 from ..experiments.ledger import Ledger
 from ..record.trackers import note_runs
 from ..record.trust import record_problem, entry_problem, is_trusted, trust_run, SecretError
-from ..callback.preempt import POSITION_KEYS, manifest_path, read_manifest, manifest_key
+from ..checkpoint.manifest import POSITION_KEYS, read_manifest, manifest_key
 from .rebuild import ReproduceError, EXIT_REPRODUCED, EXIT_PARTS, _record, _git, code_root, code_worktree
 from .rebuild import _interruptible
 from .rerun import rerun_env, _expected_env, rerun_command, run_to_position, _tail, where_in_step
@@ -173,7 +173,8 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
         _say(show, f"localising where in fit {parts['fit']}'s iteration {parts['iter']} the runs part")
         found = where_in_step(root, git, info, pos, parts, after, again['facts']['env'], out, command, env, timeout)
         text, timings['where'] = f"{text}; where in the step: {found['text']}", time.perf_counter() - t
-    what = str(checkpoint) if until is None else f"{manifest_path(checkpoint)} (a deleted checkpoint's digests)"
+    manifest = CheckpointFiles(checkpoint).manifest
+    what = str(checkpoint) if until is None else f"{manifest} (a deleted checkpoint's digests)"
     res = Reproduction(what, git['commit'], text, code,
                        {k: pos[k] for k in POSITION_KEYS},
                        parts, {q: (None if w is None else _quantity(q, w)) for q, w in quantities.items()},
@@ -363,9 +364,9 @@ def segment_plan(checkpoint, # the newest checkpoint `CheckpointCB` wrote (`{fna
     ("`(start, end, entry)` of each segment of the run: from its start and from each checkpoint kept beside "
      "`checkpoint` (`{fname}.N.pth`, autoresume's `{fname}-fitN.pth`) to the next one its manifest recorded; `end` "
      "is that checkpoint's file where it is kept (`entry` None), else `checkpoint` with `entry` its manifest line")
-    p = Path(checkpoint)
+    p, files = Path(checkpoint), CheckpointFiles(checkpoint)
     run, kept = _run_key(checkpoint_info(p)), {}
-    for f in [*older_checkpoints(p)[::-1], p, *p.parent.glob(f'{p.stem}-fit*.pth')]:
+    for f in [*files.older()[::-1], p, *files.fit_ends()]:
         info = checkpoint_info(f)
         if _run_key(info) == run: kept[info['fit_idx'], info['start_epoch'], info['batch']] = f
     ends = sorted({**{manifest_key(e): (p, e) for e in read_manifest(p)}, **{k: (f, None) for k, f in kept.items()}}

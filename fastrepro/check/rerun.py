@@ -10,7 +10,7 @@ import os, re, sys, json, shlex, runpy, types, signal, threading, subprocess, fu
 from pathlib import Path
 from fastai.basics import *
 from ..state.core import training_fit
-from ..state.checkpoint import model_signature
+from ..checkpoint.file import model_signature
 from ..state.data import data_fingerprint
 from ..state.environment import environment_info
 from ..record.entry import ENTRY_ENV, write_cells, _command

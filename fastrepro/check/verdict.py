@@ -14,7 +14,7 @@ from fastai.basics import *
 from ..record.trace import INITIAL_WEIGHTS, ROWS_DIGEST
 from ..record.divergence import first_divergence, plot_losses, BEFORE_TRAINING
 from ..state.environment import env_diff
-from ..callback.preempt import checkpoint_digests
+from ..checkpoint.manifest import checkpoint_digests
 from .rebuild import EXIT_REPRODUCED, EXIT_PARTS
 
 # %% auto #0

@@ -11,14 +11,14 @@ from dataclasses import asdict
 from fastai.basics import *
 from ..state.core import training_fit
 from ..state.kernels import deterministic_switches
-from ..state.checkpoint import model_signature
+from ..checkpoint.file import model_signature
 from ..state.environment import environment_info
-from ..state.integrity import older_checkpoints
-from ..callback.preempt import CheckpointCB, checkpoint_digests
+from ..checkpoint.files import CheckpointFiles
+from ..checkpoint.manifest import checkpoint_digests
 from ..record.divergence import first_divergence, BEFORE_TRAINING
 from .rebuild import EXIT_REPRODUCED
 from .verdict import env_differences
-from ..state.checkpoint import checkpoint_info
+from ..checkpoint.file import checkpoint_info
 from .localise import StepProbe, StepDivergence, Side, localise, localise_step
 from .localise import threads, switches, combine, HYPERS_HINT, AUDIT_HINT
 
@@ -164,7 +164,7 @@ class ResumedRuns:
         with warnings.catch_warnings():  # what the replay does not need: `CheckpointCB`'s state, a pre-fit optimizer
             warnings.filterwarnings('ignore', message='.*(not attached|contain an optimizer state)')
             learn.load(Path(self.files[i]).resolve().with_suffix(''))  # fastai's `load` adds the '.pth'
-        with learn.removed_cbs(learn.cbs.filter(lambda o: isinstance(o, CheckpointCB))), learn.added_cbs(at):
+        with learn.removed_cbs(learn.cbs.filter(lambda o: o.name == 'checkpoint_cb')), learn.added_cbs(at):
             start = learn.repro_cb.pending['position']['epoch']
             with learn.no_bar(), learn.no_logging(): self.fits[i](learn, start)
         if not at.done: raise ValueError(f"Resumed from {self.files[i]}, the fit ended before fit {self.last[0]}, "
@@ -175,7 +175,7 @@ class ResumedRuns:
 # %% ../../nbs/check/07_where.ipynb #44d06ba8
 def _shared_start(a, b, before:tuple) -> tuple:
     "The newest pair of checkpoints of runs `a` and `b` written at one position before `before`, with equal weights"
-    def kept(f): return {(d['fit'], d['iteration']): (p, d) for p in [Path(f), *older_checkpoints(f)]
+    def kept(f): return {(d['fit'], d['iteration']): (p, d) for p in [Path(f), *CheckpointFiles(f).older()]
                          for d in [checkpoint_digests(p)] if (d['fit'], d['iteration']) <= before}
     ka, kb = kept(a), kept(b)
     shared = sorted((pos for pos in ka.keys() & kb.keys() if ka[pos][1]['weights'] == kb[pos][1]['weights']),

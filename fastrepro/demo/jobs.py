@@ -13,9 +13,9 @@ import fastrepro
 from ..state.portable import DETERMINISTIC_ENV
 from ..state.kernels import same_kernels_env
 from ..callback.fp16 import ReproMixedPrecision  # also adds `Learner.to_repro_fp16`
-from ..callback.preempt import CheckpointCB, states_digest
-from ..state.checkpoint import checkpoint_info, read_checkpoint
-from ..record.trace import state_digest
+from ..callback.preempt import CheckpointCB
+from ..checkpoint.manifest import state_digest, states_digest
+from ..checkpoint.file import checkpoint_info, read_checkpoint
 from ..record.divergence import RunRecord
 from .ulmfit import *
 

@@ -11,7 +11,7 @@ from contextlib import nullcontext
 from fastai.text.all import *
 # also adds `Learner.to_repro_fp16`, `loss_scale_history`, `plot_loss_scale`
 from ..callback.fp16 import ReproMixedPrecision
-from ..state.checkpoint import checkpoint_info
+from ..checkpoint.file import checkpoint_info
 from ..record.trace import save_trace
 from ..record.divergence import first_divergence, RunRecord, same_run, plot_losses
 from ..experiments.stats import compare, ablation, seeds_needed

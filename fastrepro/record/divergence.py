@@ -8,9 +8,10 @@ Docs: https://fastrepro.github.io/fastrepro/record/divergence.html.md"""
 from __future__ import annotations
 from dataclasses import dataclass, field
 from fastai.basics import *
-from ..state.checkpoint import atomic_torch_save
+from ..checkpoint.file import atomic_torch_save
 from .trace import TRACE_KEYS, TRACE_COLUMNS, INITIAL_WEIGHTS, GAP, ROWS_DIGEST, NORM_PREFIX
-from .trace import norm_columns, compact_frame, trace_frame, load_trace, state_digest, rows_digest
+from .trace import norm_columns, compact_frame, trace_frame, load_trace, rows_digest
+from ..checkpoint.manifest import state_digest
 
 # %% auto #0
 __all__ = ['BEFORE_TRAINING', 'DIFF_SAME', 'DIFF_DIFFER', 'DIFF_UNREADABLE', 'Divergence', 'first_divergence', 'unseen_rows',

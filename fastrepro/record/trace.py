@@ -8,16 +8,18 @@ Docs: https://fastrepro.github.io/fastrepro/record/trace.html.md"""
 from __future__ import annotations
 import uuid, json, pickle, zipfile, hashlib, warnings
 from fastai.basics import *
-from ..state.checkpoint import atomic_torch_save, read_checkpoint, split_state, upgrade_state
-from ..state.beside import BesideLog, MissingLogError, MAGIC, beside_path
-from ..state.fastai_state import logged_rows, recorder_rows
-from ..state.checkpoint import DURABLE
+from ..checkpoint.file import atomic_torch_save, read_checkpoint, split_state, upgrade_state
+from ..checkpoint.trace_file import BesideLog, MissingLogError, MAGIC
+from ..checkpoint.files import CheckpointFiles
+from ..checkpoint.manifest import state_digest
+from ..checkpoint.fastai_state import logged_rows, recorder_rows
+from ..checkpoint.file import DURABLE
 
 # %% auto #0
 __all__ = ['TRACE_EVERY', 'TRACE_KEYS', 'TRACE_COLUMNS', 'INITIAL_WEIGHTS', 'GAP', 'NORM_PREFIX', 'ROWS_DIGEST', 'TRACE_FORMAT',
            'TRACE_VERSION', 'norm_columns', 'Trace', 'compact_trace', 'expand_segments', 'joined_trace', 'trace_frame',
            'compact_frame', 'RowsDigest', 'rows_digest', 'TraceFile', 'save_trace', 'gap_end', 'whole_state',
-           'compact_of', 'load_trace', 'state_digest']
+           'compact_of', 'load_trace']
 
 # %% ../../nbs/record/03_trace.ipynb #89aeda15
 TRACE_EVERY = 10  # record the parameter norms every N training iterations (0: losses only)
@@ -100,7 +102,7 @@ class Trace:
         self.log, self._logged_names, self._digest = log, None, None
         if log is not None: self.run = log.run
 
-    def spool(self, path, # the trace file beside the checkpoint being written (`beside_path`)
+    def spool(self, path, # the trace file beside the checkpoint being written (`CheckpointFiles.trace`)
               more:dict|None=None, # other records of the same iterations (the Recorder's rows), appended with them
               durable:bool=False, # fsync, as the checkpoint
              ):
@@ -301,7 +303,8 @@ class TraceFile:
             ):
         "Append the trace's and the Recorder's new rows to the run's file beside `file`; inside it where it fails"
         rows = self._recorder_rows(rec, session)
-        try: self.trace.spool(beside_path(file, self.trace.run, rank_distrib()), rows and {'recorder': rows}, DURABLE)
+        target = CheckpointFiles(file).trace(self.trace.run, rank_distrib())
+        try: self.trace.spool(target, rows and {'recorder': rows}, DURABLE)
         except OSError as e:
             warnings.warn(f"ReproCB: the trace file beside {file} could not be written ({e}); the checkpoint holds "
                           "the whole trace and the Recorder's rows instead.")
@@ -326,7 +329,7 @@ class TraceFile:
          "held itself (all of them, from format 6)")
         log = self.loaded
         run = log.run if log is not None else self.trace.run
-        target = beside_path(file, run, rank_distrib())
+        target = CheckpointFiles(file).trace(run, rank_distrib())
         if log is not None and log.path == target: return state
         rec, own, trace = state['recorder'], {'trace': state['trace']['tail']}, dict(state['trace'])
         if rec is not None: own['recorder'] = {k: rec[k] for k in ('session', 'start', 'losses', 'lrs')}
@@ -410,14 +413,3 @@ def load_trace(path, # a file from `save_trace`, or a fastrepro checkpoint (`lea
                              "upgrade fastrepro.")
         return trace_frame(d['trace'])
     return trace_frame(_checkpoint_trace(d, path))
-
-# %% ../../nbs/record/03_trace.ipynb #70365cd9
-def state_digest(model) -> str:
-    "sha256 over every parameter and buffer of `model` (or a state dict): name, dtype, shape and raw bytes"
-    h = hashlib.sha256()
-    for k, v in (model if isinstance(model, dict) else get_model(model).state_dict()).items():
-        t = v.detach().cpu().contiguous()
-        h.update(f"{k}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
