@@ -14,7 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fastai.basics import *
 from ..state.core import in_fit, training_fit
 from ..state.rng import rng_states, restore_rng_states
-from ..state.kernels import deterministic_switches, set_switches
+from ..state.kernels import deterministic_switches, set_switches, cpu_threads
 from ..state.checkpoint import model_signature
 from ..record.trace import state_digest
 from .rebuild import EXIT_REPRODUCED
@@ -179,16 +179,9 @@ class Side:
     def __call__(self, learn): return contextlib.nullcontext() if self.ctx is None else self.ctx(learn)
     def __repr__(self): return self.name
 
-@contextlib.contextmanager
-def _threads(n:int):
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try: yield
-    finally: torch.set_num_threads(before)
-
 def threads(n:int) -> Side:
     "The step on `n` torch threads"
-    return Side(f"{n} thread{'s' if n > 1 else ''}", lambda learn: _threads(n), THREADS_HINT)
+    return Side(f"{n} thread{'s' if n > 1 else ''}", lambda learn: cpu_threads(n), THREADS_HINT)
 
 @contextlib.contextmanager
 def _hypers(learn:Learner, kw:dict):
@@ -262,10 +255,6 @@ def _differences(a:Tensor|None, b:Tensor|None) -> tuple:
     scale = torch.maximum(a.abs(), b.abs())
     rel = torch.where(scale > 0, d / scale.clamp_min(torch.finfo(torch.float64).tiny), torch.zeros_like(d))
     return d.max().item(), rel.max().item()
-
-def _first_op(ops_a:list, ops_b:list) -> str|None:
-    "The first aten op whose outputs differ between two runs of a leaf module"
-    return next((a[0] for a, b in zip(ops_a, ops_b) if a != b), None)
 
 def _first_difference(ea:L, eb:L) -> int|None:
     "The index of the first event whose key or digest differs (or that one side lacks)"
@@ -365,10 +354,8 @@ def localise(run, # `run(i, probe)`: side `i`'s step under `probe` (a `SideBySid
     res.max_abs, res.max_rel = _differences(pa.kept.get(e.key), pb.kept.get(e.key))
     if pa.ops and pb.ops:
         res.ops = [(a[0], 'same' if a == b else 'differs') for a, b in zip(pa.ops, pb.ops)]
-        res.first_op = _first_op(pa.ops, pb.ops)
+        res.first_op = first(op for op, st in res.ops if st == 'differs')
     return res
-
-def _hint(a:Side, b:Side) -> str: return b.hint or a.hint
 
 def localise_step(learn:Learner,
                   side_a:Side, # the setting of one side, e.g. `threads(1)`
@@ -380,7 +367,7 @@ def localise_step(learn:Learner,
      "module, pass and tensor whose bits differ; the learner is put back exactly (weights, gradients, optimizer, "
      "generators)")
     run = SideBySide(learn, (side_a, side_b), batch)
-    return localise(run, run.sides, _hint(side_a, side_b), where)
+    return localise(run, run.sides, side_b.hint or side_a.hint, where)
 
 def audit_step(learn:Learner,
                batch=None, # outside a fit: the batch to train on (default: one the train loader serves)
