@@ -135,15 +135,13 @@ def _copy(o):
 def _kept(v) -> bool: return isinstance(v, (int, float)) or bool(_tensors(v))  # bools are ints
 
 def module_attributes(model:nn.Module) -> dict:
-    ("What a model keeps outside its state dict, e.g. an RNN's hidden state and its batch size: {(module, attribute): "
-     "value} of the tensors and numbers, copied")
+    "The tensors and numbers a model keeps outside its state dict, copied: {(module, attribute): value}"
     return {(name, k): _copy(v) for name, m in model.named_modules() for k, v in vars(m).items()
             if not k.startswith('_') and _kept(v)}
 
 # %% ../../nbs/check/06_localise.ipynb #13b0230e
 class StepState:
-    ("What a training step changes, kept to put back exactly: weights and buffers, the tensors modules keep (an RNN's "
-     "hidden state), gradients, optimizer state, every generator, the loss scaler")
+    "What a training step changes, kept to put back exactly"
     def __init__(self, learn:Learner):
         self.learn, m = learn, learn.model
         self.model, self.digest, self.attributes = _copy(m.state_dict()), state_digest(m), module_attributes(m)
@@ -340,8 +338,7 @@ def localise(run, # `run(i, probe)`: side `i`'s step under `probe` (a `SideBySid
              sides:tuple, # the two sides' names
              hint:str='', where:str='', # what a difference means; the step's place in the run
             ) -> StepDivergence:
-    ("Run both sides' step digesting every event, find the first that differs, then run them again keeping only that "
-     "event's tensor (and a leaf's aten ops) to say by how much and which op")
+    "Find the first event where two sides' steps differ, then by how much and which op"
     ea, eb = (run(i, StepProbe()).events for i in (0, 1))
     k = _first_difference(ea, eb)
     res = StepDivergence(tuple(map(str, sides)), len(ea), where=where, hint=hint, rerun=run)
@@ -363,9 +360,7 @@ def localise_step(learn:Learner,
                   batch=None, # outside a fit: the batch to train on (default: one the train loader serves)
                   where:str='', # the step's place in the run, for the verdict
                  ) -> StepDivergence:
-    ("Run one training step of `learn` under `side_a` and under `side_b` from the same state and name the first "
-     "module, pass and tensor whose bits differ; the learner is put back exactly (weights, gradients, optimizer, "
-     "generators)")
+    "Name the first module, pass and tensor whose bits differ in a step under `side_a` and `side_b`"
     run = SideBySide(learn, (side_a, side_b), batch)
     return localise(run, run.sides, side_b.hint or side_a.hint, where)
 
@@ -373,8 +368,7 @@ def audit_step(learn:Learner,
                batch=None, # outside a fit: the batch to train on (default: one the train loader serves)
                where:str='', # the step's place in the run, for the verdict
               ) -> StepDivergence:
-    ("Run one training step of `learn` twice from the same state under the same settings and name the first "
-     "nondeterministic module (its pass and tensor); none when the step is bit-identical")
+    "Name the first nondeterministic module of a step of `learn` run twice the same way"
     run = SideBySide(learn, (as_is(), as_is()), batch)
     return localise(run, run.sides, AUDIT_HINT, where)
 

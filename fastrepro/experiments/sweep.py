@@ -29,10 +29,11 @@ def pinned(seed:int, # seeds every generator (`seed_everything`)
     from fastrepro.state.rng import seed_everything, rng_states, restore_rng_states
     from fastrepro.state.kernels import deterministic_switches, set_switches, cpu_threads
     before = deterministic_switches(), rng_states()
-    with cpu_threads(threads):
-        seed_everything(seed, deterministic)
-        try: yield
-        finally: set_switches(before[0]); restore_rng_states(before[1])
+    try:
+        with cpu_threads(threads):
+            seed_everything(seed, deterministic)
+            yield
+    finally: set_switches(before[0]); restore_rng_states(before[1])  # after the threads: they reset MKL's dynamic
 
 # %% ../../nbs/experiments/06_sweep.ipynb #da9e24b6
 RESUME_FIELDS = ('experiment', 'variant', 'commit', 'patch', 'metric_version', 'data_fingerprint')  # a seed's identity
