@@ -16,8 +16,8 @@ from .experiments.ledger import Ledger, metrics_frame
 
 # %% auto #0
 __all__ = ['COMMANDS', 'EXIT_USAGE', 'EXIT_REGRESSION', 'LEDGER_ARG', 'COMPARE_NEEDS', 'CLIError', 'arg', 'command', 'parser',
-           'main', 'env_command', 'open_ledger', 'sync_spools', 'runs_command', 'compare_command', 'diff_command',
-           'reproduce_command', 'trust_command', 'show_text', 'show_command', 'demo_command', 'selftest_command']
+           'main', 'env_command', 'sync_spools', 'runs_command', 'compare_command', 'diff_command', 'reproduce_command',
+           'trust_command', 'show_text', 'show_command', 'demo_command', 'selftest_command']
 
 # %% ../nbs/90_cli.ipynb #37049b5c
 COMMANDS = {}  # subcommand name -> (function, arguments)
@@ -107,10 +107,6 @@ def env_command(args):
 LEDGER_ARG = arg('--ledger', metavar='PATH|URL', help=f'the ledger: a file, or a postgresql:// URL of a team ledger '
                  f'(default: ${LEDGER_ENV}, else ~/.fastrepro/ledger.db)')
 
-def open_ledger(address=None) -> Ledger:
-    "The existing ledger at `address` (default: `ledger_address()`); a one-line `LedgerError` when there is none"
-    return Ledger(address, create=False)
-
 def _runs_table(runs:pd.DataFrame, reproductions:pd.DataFrame|None=None) -> pd.DataFrame:
     "The columns of `runs` worth reading in a terminal, final metrics spread out, and each run's latest reproduction"
     t = runs[['experiment', 'variant', 'seed', 'status', 'dirty', 'duration']].copy()
@@ -163,7 +159,7 @@ def sync_spools(spools:list, # spool files (`Spool`), or folders holding one (a 
              'these files'))
 def runs_command(args):
     "List the runs recorded in a ledger, oldest first"
-    ledger = open_ledger(args.ledger) if args.sync is None else sync_spools(args.sync, args.ledger)
+    ledger = Ledger(args.ledger, create=False) if args.sync is None else sync_spools(args.sync, args.ledger)
     if args.experiment or args.variant: ledger.check_known(args.experiment, args.variant)
     filters = {k: getattr(args, k) for k in ('experiment', 'variant', 'status') if getattr(args, k) is not None}
     runs = ledger.runs(**filters)
@@ -198,7 +194,7 @@ def compare_command(args):
                        f"{' '.join(missing)}. `fastrepro runs` lists the experiments, variants and metrics a ledger "
                        "holds, e.g. `fastrepro compare --experiment imdb --baseline baseline --variant mixup "
                        "--metric accuracy`.")
-    r = open_ledger(args.ledger).compare(args.metric, dict(experiment=args.experiment, variant=args.baseline),
+    r = Ledger(args.ledger, create=False).compare(args.metric, dict(experiment=args.experiment, variant=args.baseline),
                                          dict(experiment=args.experiment, variant=args.variant),
                                          higher_is_better=not args.lower_is_better, alpha=args.alpha,
                                          max_baseline_age=args.max_baseline_age, which='best' if args.best else 'final')

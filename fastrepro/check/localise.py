@@ -14,7 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fastai.basics import *
 from ..state.core import in_fit, training_fit
 from ..state.rng import rng_states, restore_rng_states
-from ..state.kernels import deterministic_switches, set_switches
+from ..state.kernels import deterministic_switches, set_switches, cpu_threads
 from ..checkpoint.file import model_signature
 from ..checkpoint.manifest import state_digest
 from .rebuild import EXIT_REPRODUCED
@@ -135,15 +135,13 @@ def _copy(o):
 def _kept(v) -> bool: return isinstance(v, (int, float)) or bool(_tensors(v))  # bools are ints
 
 def module_attributes(model:nn.Module) -> dict:
-    ("What a model keeps outside its state dict, e.g. an RNN's hidden state and its batch size: {(module, attribute): "
-     "value} of the tensors and numbers, copied")
+    "The tensors and numbers a model keeps outside its state dict, copied: {(module, attribute): value}"
     return {(name, k): _copy(v) for name, m in model.named_modules() for k, v in vars(m).items()
             if not k.startswith('_') and _kept(v)}
 
 # %% ../../nbs/check/06_localise.ipynb #13b0230e
 class StepState:
-    ("What a training step changes, kept to put back exactly: weights and buffers, the tensors modules keep (an RNN's "
-     "hidden state), gradients, optimizer state, every generator, the loss scaler")
+    "What a training step changes, kept to put back exactly"
     def __init__(self, learn:Learner):
         self.learn, m = learn, learn.model
         self.model, self.digest, self.attributes = _copy(m.state_dict()), state_digest(m), module_attributes(m)
@@ -179,16 +177,9 @@ class Side:
     def __call__(self, learn): return contextlib.nullcontext() if self.ctx is None else self.ctx(learn)
     def __repr__(self): return self.name
 
-@contextlib.contextmanager
-def _threads(n:int):
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try: yield
-    finally: torch.set_num_threads(before)
-
 def threads(n:int) -> Side:
     "The step on `n` torch threads"
-    return Side(f"{n} thread{'s' if n > 1 else ''}", lambda learn: _threads(n), THREADS_HINT)
+    return Side(f"{n} thread{'s' if n > 1 else ''}", lambda learn: cpu_threads(n), THREADS_HINT)
 
 @contextlib.contextmanager
 def _hypers(learn:Learner, kw:dict):
@@ -262,10 +253,6 @@ def _differences(a:Tensor|None, b:Tensor|None) -> tuple:
     scale = torch.maximum(a.abs(), b.abs())
     rel = torch.where(scale > 0, d / scale.clamp_min(torch.finfo(torch.float64).tiny), torch.zeros_like(d))
     return d.max().item(), rel.max().item()
-
-def _first_op(ops_a:list, ops_b:list) -> str|None:
-    "The first aten op whose outputs differ between two runs of a leaf module"
-    return next((a[0] for a, b in zip(ops_a, ops_b) if a != b), None)
 
 def _first_difference(ea:L, eb:L) -> int|None:
     "The index of the first event whose key or digest differs (or that one side lacks)"
@@ -351,8 +338,7 @@ def localise(run, # `run(i, probe)`: side `i`'s step under `probe` (a `SideBySid
              sides:tuple, # the two sides' names
              hint:str='', where:str='', # what a difference means; the step's place in the run
             ) -> StepDivergence:
-    ("Run both sides' step digesting every event, find the first that differs, then run them again keeping only that "
-     "event's tensor (and a leaf's aten ops) to say by how much and which op")
+    "Find the first event where two sides' steps differ, then by how much and which op"
     ea, eb = (run(i, StepProbe()).events for i in (0, 1))
     k = _first_difference(ea, eb)
     res = StepDivergence(tuple(map(str, sides)), len(ea), where=where, hint=hint, rerun=run)
@@ -365,10 +351,8 @@ def localise(run, # `run(i, probe)`: side `i`'s step under `probe` (a `SideBySid
     res.max_abs, res.max_rel = _differences(pa.kept.get(e.key), pb.kept.get(e.key))
     if pa.ops and pb.ops:
         res.ops = [(a[0], 'same' if a == b else 'differs') for a, b in zip(pa.ops, pb.ops)]
-        res.first_op = _first_op(pa.ops, pb.ops)
+        res.first_op = first(op for op, st in res.ops if st == 'differs')
     return res
-
-def _hint(a:Side, b:Side) -> str: return b.hint or a.hint
 
 def localise_step(learn:Learner,
                   side_a:Side, # the setting of one side, e.g. `threads(1)`
@@ -376,18 +360,15 @@ def localise_step(learn:Learner,
                   batch=None, # outside a fit: the batch to train on (default: one the train loader serves)
                   where:str='', # the step's place in the run, for the verdict
                  ) -> StepDivergence:
-    ("Run one training step of `learn` under `side_a` and under `side_b` from the same state and name the first "
-     "module, pass and tensor whose bits differ; the learner is put back exactly (weights, gradients, optimizer, "
-     "generators)")
+    "Name the first module, pass and tensor whose bits differ in a step under `side_a` and `side_b`"
     run = SideBySide(learn, (side_a, side_b), batch)
-    return localise(run, run.sides, _hint(side_a, side_b), where)
+    return localise(run, run.sides, side_b.hint or side_a.hint, where)
 
 def audit_step(learn:Learner,
                batch=None, # outside a fit: the batch to train on (default: one the train loader serves)
                where:str='', # the step's place in the run, for the verdict
               ) -> StepDivergence:
-    ("Run one training step of `learn` twice from the same state under the same settings and name the first "
-     "nondeterministic module (its pass and tensor); none when the step is bit-identical")
+    "Name the first nondeterministic module of a step of `learn` run twice the same way"
     run = SideBySide(learn, (as_is(), as_is()), batch)
     return localise(run, run.sides, AUDIT_HINT, where)
 

@@ -28,8 +28,7 @@ def rerun_env(entry:dict|None, # the recorded entry point (`checkpoint_info(f)['
               overrides:dict|None=None, # variables set on top, e.g. {'OMP_NUM_THREADS': '2'}: what if
               base:dict|None=None, # the environment to start from (default: this process's)
              ) -> dict:
-    ("The re-run's environment: `base` with the variables that change numerics or what runs (`ENTRY_ENV`) exactly "
-     "as recorded, then `overrides`")
+    "The re-run's environment: `base`, the `ENTRY_ENV` variables exactly as recorded, then `overrides`"
     env = {k: v for k, v in (os.environ if base is None else base).items() if k not in ENTRY_ENV}
     env.update((entry or {}).get('env') or {})
     if (entry or {}).get('launcher'):  # the launcher sets each rank's own
@@ -49,15 +48,13 @@ def _threads_taken(asked:tuple) -> int:
     return int(probe.stdout)
 
 def _threads(env:dict) -> int:
-    ("The thread count torch takes in a process started with `env`: `MKL_NUM_THREADS`, else `OMP_NUM_THREADS`, "
-     "else one per core, or fewer where the OpenMP runtime caps them (asked of a process that starts torch, unless 1)")
+    "The thread count torch takes in a process started with `env`"
     asked = {k: env[k] for k in THREAD_VARS if k in env}
     n = asked.get('MKL_NUM_THREADS', asked.get('OMP_NUM_THREADS'))
     return 1 if n == '1' else _threads_taken(tuple(asked.items()))
 
 def _expected_env(env:dict, recorded:dict) -> dict:
-    ("This machine's `environment_info` as a process started with `env` sees it; the switches, and MKL's code path "
-     "unless `env` names it, are the recorded ones, since the run's own ReproCB sets them (compared after the re-run)")
+    "This machine's `environment_info` as a process started with `env` sees it"
     here = environment_info()
     kernels = {**here['cpu_kernels'], 'mkl_instructions': env.get('MKL_ENABLE_INSTRUCTIONS')}
     if kernels['onednn'] != 'off': kernels['onednn'] = env.get('ONEDNN_MAX_CPU_ISA', 'native')
@@ -119,8 +116,7 @@ RUNNER = 'python -m fastrepro.check.rerun'
 
 def stop_at(fname, # a JSON file with `StopAtCB`'s target (written by `reproduce`)
            ):
-    ("Every learner built from now on stops at the target in `fname`: `StopAtCB` joins fastai's default callbacks "
-     "(and `WhereCB`, when the target asks where in a step the runs part)")
+    "Every learner built from now on stops at the target in `fname` (`StopAtCB` in fastai's defaults)"
     StopAtCB.target = json.loads(Path(fname).read_text())
     if StopAtCB not in defaults.callbacks: defaults.callbacks.append(StopAtCB)
     if StopAtCB.target.get('where'):
@@ -128,8 +124,7 @@ def stop_at(fname, # a JSON file with `StopAtCB`'s target (written by `reproduce
         if WhereCB not in defaults.callbacks: defaults.callbacks.append(WhereCB)
 
 def run():
-    ("`RUNNER --stop-at FILE` and what python runs: `stop_at(FILE)`, then the script, module or code with the "
-     "`sys.argv`, `sys.path[0]` and `__main__` python gives it; its exit status and traceback are python's")
+    "`RUNNER --stop-at FILE` and what python runs: `stop_at(FILE)`, then the script, module or code"
     argv = sys.argv[1:]
     if len(argv) < 3 or argv[0] != '--stop-at' or (argv[2] in ('-m', '-c') and len(argv) < 4):
         sys.exit(f"{RUNNER}: error: usage: {RUNNER} --stop-at FILE (script.py | -m module | -c code) [args]")
@@ -202,8 +197,7 @@ REPLAY = ("import sys, nbformat, nbclient; nb = nbformat.read(sys.argv[2], as_ve
 _WARNING = re.compile(rb'\S.*:\d+: \w*Warning: ')  # how Python's `warnings` writes one: `file:line: Category: message`
 
 def _pump(stream, log:Path, show:bool):
-    ("Copy the re-run's output to `log`, and to this process's output with `show` (its progress and own output); "
-     "its warnings, with the source line Python writes under each, stay in the log: they are the re-run's, not news")
+    "Copy the re-run's output to `log`, and with `show` to this process's output, less its warnings"
     warning = False
     with open(log, 'wb') as f:
         for line in iter(stream.readline, b''):
@@ -219,8 +213,7 @@ def _tail(log:Path) -> str:
     return ' | '.join(lines[-LOG_TAIL_LINES:]) or '(no output)'
 
 def run_to_position(argv:list, cwd:Path, env:dict, log:Path, timeout:float|None=None, show:bool=False) -> int:
-    ("Run `argv` in `cwd` with `env`, its output in `log`; its exit status. Ended (its process group) when this "
-     "process is interrupted or `timeout` seconds pass")
+    "Run `argv` in `cwd` with `env`, its output in `log`; its exit status"
     p = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          start_new_session=True)
     pump = threading.Thread(target=_pump, args=(p.stdout, log, show), daemon=True)
@@ -302,8 +295,7 @@ def where_in_step(root:Path, git:dict, info:dict, # the repository, the checkpoi
                   after:list, here:dict, # the recorded environment's differences from the re-run's; the re-run's
                   out:Path, command:str|None=None, env:dict|None=None, timeout:float|None=None,
                  ) -> dict:
-    ("Re-run the entry point to the iteration where the runs part and localise its step between the recorded "
-     "settings and this machine's: `StepDivergence.to_dict`, or {'text': why it was not localised}")
+    "Localise the step where the runs part between the recorded settings and this machine's"
     cannot = unplayable(after)
     if cannot: return dict(text=f"not localised: {', '.join(cannot)} cannot be played on this machine")
     run, kernels = WhereRun(root, git, info, pos, out, command, env, timeout), kernel_env(after)

@@ -45,8 +45,7 @@ def _in_process(field:str, recorded, here) -> bool:
 
 def unplayable(diffs:list, # `env_differences` of the recorded environment and this one
               ) -> list:
-    ("The fields of the differences that change bits and that this machine cannot play: neither in a process "
-     "(threads, switches) nor by the variables a process starts with (`KERNEL_VARS`): versions, the CPU")
+    "The fields of the differences that change bits and that this machine cannot play (versions, the CPU)"
     return [d['field'] for d in diffs if d['bits'] and not _in_process(d['field'], d['recorded'], d['here'])
             and d['field'] not in KERNEL_VARS]
 
@@ -154,8 +153,7 @@ class _ProbeFrom(Callback):
 
 # %% ../../nbs/check/07_where.ipynb #c12f890b
 class ResumedRuns:
-    ("Each run's steps from `first` through `last` (`(fit, iteration)`), resumed from its own checkpoint in a learner "
-     "built anew (`make_learner()`) by its own fit call; `run(i, probe)` as `localise` asks")
+    "Each run's steps from `first` through `last`, resumed from its own checkpoint; `run(i, probe)`"
     def __init__(self, make_learner, files:tuple, fits:tuple, first:tuple, last:tuple):
         store_attr(); self.probes = [None, None]
 
@@ -201,10 +199,7 @@ def where_runs_part(make_learner, # `make_learner()` builds the runs' learner (w
                     a, b, # a checkpoint of each run (`CheckpointCB`'s newest: the older ones beside it are found)
                     fit, # `fit(learn, start_epoch)`: the runs' fit call, or one per run (their hyper-parameters)
                    ) -> StepDivergence|None:
-    ("Where two runs of this machine first part inside a step: each resumed from its checkpoint the two share, every "
-     "event of its steps digested up to the iteration where their traces part; None when the traces never part. "
-     "When the replay in one process is bit-identical although the traces part, the answer says that the processes "
-     "part them, and what of their recorded environments differs")
+    "Where two runs of this machine first part inside a step; None when their traces never part"
     d = first_divergence(a, b, detail=True)
     if d is None: return None
     if d.iter == BEFORE_TRAINING or d.gap is not None or d.missing:

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from fastai.text.all import *
 import fastai, fastrepro  # their versions, in the report
 from ..record.divergence import RunRecord
+from ..state.kernels import cpu_threads
 from ..experiments.stats import MIN_SEEDS
 from .ulmfit import *
 
 # %% auto #0
-__all__ = ['SEED', 'N_SEEDS', 'CPU_THREADS', 'CheckResult', 'demo_check', 'cpu_threads', 'ULMFiTRun', 'Demo', 'format_table',
-           'report_markdown']
+__all__ = ['SEED', 'N_SEEDS', 'CPU_THREADS', 'CheckResult', 'demo_check', 'ULMFiTRun', 'Demo', 'format_table', 'report_markdown']
 
 # %% ../../nbs/demo/03_core.ipynb #a923fd74
 SEED = 42                # the demo's run seed
@@ -61,14 +61,6 @@ def demo_check(title:str): # the check's name in the report
         _check.title = title
         return _check
     return _deco
-
-@contextmanager
-def cpu_threads(n:int|None): # torch CPU threads inside the block (None: leave as is)
-    "Run the block with `n` torch CPU threads, then put the previous count back"
-    before = torch.get_num_threads()
-    if n: torch.set_num_threads(n)
-    try: yield
-    finally: torch.set_num_threads(before)
 
 # %% ../../nbs/demo/03_core.ipynb #4bfb1c50
 @dataclass

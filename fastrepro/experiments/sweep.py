@@ -25,15 +25,15 @@ def pinned(seed:int, # seeds every generator (`seed_everything`)
            deterministic:bool=True, # flip every deterministic switch for the run
           ):
     "Run the block with torch's thread count, every generator and the deterministic switches set for `seed`"
-    import torch  # only when a run is pinned: `repeat`'s caller may never import torch
+    # imported only when a run is pinned: `repeat`'s caller may never import torch
     from fastrepro.state.rng import seed_everything, rng_states, restore_rng_states
-    from fastrepro.state.kernels import deterministic_switches, set_switches
-    before = torch.get_num_threads(), deterministic_switches(), rng_states()
-    torch.set_num_threads(threads)
-    seed_everything(seed, deterministic)
-    try: yield
-    finally:
-        torch.set_num_threads(before[0]); set_switches(before[1]); restore_rng_states(before[2])
+    from fastrepro.state.kernels import deterministic_switches, set_switches, cpu_threads
+    before = deterministic_switches(), rng_states()
+    try:
+        with cpu_threads(threads):
+            seed_everything(seed, deterministic)
+            yield
+    finally: set_switches(before[0]); restore_rng_states(before[1])  # after the threads: they reset MKL's dynamic
 
 # %% ../../nbs/experiments/06_sweep.ipynb #da9e24b6
 RESUME_FIELDS = ('experiment', 'variant', 'commit', 'patch', 'metric_version', 'data_fingerprint')  # a seed's identity

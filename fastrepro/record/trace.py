@@ -106,8 +106,7 @@ class Trace:
               more:dict|None=None, # other records of the same iterations (the Recorder's rows), appended with them
               durable:bool=False, # fsync, as the checkpoint
              ):
-        ("Append the rows since the last spool to the trace file `path`, and forget them; a file of another name (or "
-         "run) is started with the rows this trace's file holds")
+        "Append the rows since the last spool to the trace file `path`, and forget them"
         tail, digest = self._tail(), self._file_digest()
         if self._logged_names == tail.get('param_names'): tail.pop('param_names', None)  # said once in the file
         record = {'trace': tail, **(more or {})}
@@ -230,8 +229,7 @@ def compact_frame(trace:pd.DataFrame) -> dict:
 _ROW = np.dtype([('fit', '<i8'), ('epoch', '<i8'), ('iter', '<i8'), ('loss', '<f4')])  # a row, as digested
 
 class RowsDigest:
-    ("sha256 of a trace's rows from their values, updated chunk by chunk (compact traces of consecutive rows): the "
-     "same for the same rows however they were chunked")
+    "sha256 of a trace's rows from their values, the same however the rows were chunked"
     def __init__(self):
         self.rows, self.norms = hashlib.sha256(), hashlib.sha256()  # the rows; the norm rows (and names)
         self.n, self.names, self.hashed = 0, None, None  # rows digested, the latest names, the latest names digested
@@ -272,16 +270,14 @@ class RowsDigest:
 
 def rows_digest(trace:pd.DataFrame, # a run trace (`trace_frame`)
                ) -> str|None:
-    ("The digest of all the rows of `trace`'s run: the one it carries (`ROWS_DIGEST`: a checkpoint's trace, its file "
-     "missing or not), else its rows', where none is missing; None when neither is known")
+    "The digest of all the rows of `trace`'s run, None when it is not known"
     if ROWS_DIGEST in trace.attrs: return trace.attrs[ROWS_DIGEST]
     return None if GAP in trace.attrs else RowsDigest().update(compact_frame(trace)).hexdigest()
 
 
 # %% ../../nbs/record/03_trace.ipynb #9e338ba4
 class TraceFile:
-    ("A run's trace file beside its checkpoints: what a save appends (the trace's and the Recorder's rows since the "
-     "last one), and the file a loaded checkpoint pins until a fit takes it")
+    "A run's trace file beside its checkpoints: what a save appends, and the file a loaded checkpoint pins"
     def __init__(self, trace:Trace):
         self.trace, self.loaded = trace, None  # `loaded`: the pending checkpoint's file, checked (`beside_logs`)
         self._rec_lists, self._rec_logged = None, 0  # the Recorder's lists the file has rows of, and how many
@@ -325,8 +321,7 @@ class TraceFile:
     def pin_loaded(self, state:dict, # the pending checkpoint's `ReproCB` state, written again as `file`
                    file,
                   ) -> dict:
-        ("`state` pinning a file beside `file`: the loaded one's, or one started with its rows and the rows `state` "
-         "held itself (all of them, from format 6)")
+        "`state` pinning a file beside `file`: the loaded one's, or one started with its rows"
         log = self.loaded
         run = log.run if log is not None else self.trace.run
         target = CheckpointFiles(file).trace(run, rank_distrib())
@@ -360,10 +355,7 @@ def gap_end(state:dict) -> list:
 def whole_state(state:dict, # a checkpoint's `ReproCB` state, in the current format (`upgrade_state`)
                 path, # the checkpoint: its trace file is beside it
                ) -> dict:
-    ("`state` with every row of its run in it, the trace file's that the checkpoint pins (checked) and its own: the "
-     "whole trace (with a gap where the file is missing) and the Recorder's rows; the pin left out. The trace holds "
-     "the digest of all its rows (`ROWS_DIGEST`): the checkpoint's, else (format 7 and older) its rows' where none "
-     "is missing")
+    "`state` with every row of its run in it: the whole trace and the Recorder's rows, the pin left out"
     pin, trace, rec = state.get('beside'), dict(state['trace']), state['recorder']
     records = []
     if pin is not None:

@@ -13,9 +13,9 @@ from fastai.callback.fp16 import MixedPrecision
 from ..state.core import *
 
 # %% auto #0
-__all__ = ['PREFIX', 'FILE_CHUNK', 'TRACKER_TIMEOUT_S', 'TB_MODULE', 'WANDB_MODULE', 'TRACKERS', 'loaded_class', 'attached_cb',
-           'env_summary', 'entry_text', 'tracker_provenance', 'file_digest', 'step_values', 'CSVHistory',
-           'TensorBoardRun', 'WandbRun', 'MlflowRun', 'FitTrackers', 'note_runs']
+__all__ = ['PREFIX', 'FILE_CHUNK', 'TRACKER_TIMEOUT_S', 'TB_MODULE', 'WANDB_MODULE', 'TRACKERS', 'attached_cb', 'env_summary',
+           'entry_text', 'tracker_provenance', 'file_digest', 'step_values', 'CSVHistory', 'TensorBoardRun', 'WandbRun',
+           'MlflowRun', 'FitTrackers', 'note_runs']
 
 # %% ../../nbs/record/04_trackers.ipynb #7329cbde
 PREFIX = 'fastrepro'    # what fastrepro writes into a tracker's run is named under it: tags, keys, files
@@ -25,15 +25,9 @@ FILE_CHUNK = 1 << 20    # bytes read at a time for a checkpoint's digest
 TRACKER_TIMEOUT_S = 20
 TB_MODULE, WANDB_MODULE = 'fastai.callback.tensorboard', 'fastai.callback.wandb'  # fastai's; they import the trackers
 
-def loaded_class(module:str, # a module's name
-                 name:str, # a class in it
-                ):
-    "The class `name` of `module` when this process imported that module already, else None; never imports it"
-    return getattr(sys.modules.get(module), name, None)
-
 def attached_cb(learn:Learner, module:str, name:str) -> Callback|None:
-    "The callback of class `module.name` attached to `learn`, if the module is imported and one is attached"
-    cls = loaded_class(module, name)
+    "The callback of class `module.name` attached to `learn`, if this process imported the module (never imports it)"
+    cls = getattr(sys.modules.get(module), name, None)
     return None if cls is None else first(learn.cbs, lambda cb: isinstance(cb, cls))
 
 # %% ../../nbs/record/04_trackers.ipynb #0f3f2184

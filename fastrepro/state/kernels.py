@@ -6,7 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/state/kernels.html.md"""
 
 # %% ../../nbs/state/03_kernels.ipynb #e85fd14b
 from __future__ import annotations
-import os, ctypes, warnings, functools
+import os, ctypes, warnings, functools, contextlib
 from pathlib import Path
 import torch
 from fastcore.basics import store_attr
@@ -16,9 +16,9 @@ from .portable import (DETERMINISTIC_ENV, PORTABLE_ISA, PORTABLE_THREADS, PORTAB
 # %% auto #0
 __all__ = ['CUBLAS_WORKSPACE', 'FILL_UNINITIALIZED', 'MKL_CBWR_ALL', 'MKL_CBWR_STRICT', 'MKL_CBWR_CHANGE_FAILED',
            'MKL_CBWR_BRANCHES', 'ATEN_ISA_FLAGS', 'torch_mkl', 'mkl_cbwr', 'set_mkl_reproducible', 'set_mkl_cbwr',
-           'deterministic_switches', 'set_switches', 'set_deterministic', 'portable_threads', 'aten_capability',
-           'portable_problems', 'set_portable', 'restore_portable', 'same_kernels_env', 'cpuinfo', 'cpu_runs',
-           'take_kernels', 'FitSwitches']
+           'deterministic_switches', 'set_switches', 'set_deterministic', 'cpu_threads', 'portable_threads',
+           'aten_capability', 'portable_problems', 'set_portable', 'restore_portable', 'same_kernels_env', 'cpuinfo',
+           'cpu_runs', 'take_kernels', 'FitSwitches']
 
 # %% ../../nbs/state/03_kernels.ipynb #0528e788
 CUBLAS_WORKSPACE = ':4096:8'  # the cuBLAS workspace setting PyTorch documents for deterministic results
@@ -130,6 +130,14 @@ def set_deterministic(
                       mkl_dynamic=off_unless_exported('MKL_DYNAMIC', before['mkl_dynamic']),
                       omp_dynamic=off_unless_exported('OMP_DYNAMIC', before['omp_dynamic'])))
     return before
+
+@contextlib.contextmanager
+def cpu_threads(n:int|None): # torch CPU threads inside the block (None: leave as is)
+    "Run the block with `n` torch CPU threads, then put the previous count back"
+    before = torch.get_num_threads()
+    if n: torch.set_num_threads(n)
+    try: yield
+    finally: torch.set_num_threads(before)
 
 # %% ../../nbs/state/03_kernels.ipynb #71928f79
 def portable_threads() -> int:
