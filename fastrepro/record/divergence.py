@@ -76,10 +76,6 @@ def _as_trace(trace) -> pd.DataFrame:
     if isinstance(trace, Learner): return trace.repro_trace
     return trace if isinstance(trace, pd.DataFrame) else load_trace(trace)
 
-def _differs(a:np.ndarray, b:np.ndarray) -> np.ndarray:
-    "Elementwise exact inequality, NaN equal to NaN"
-    return ~((a == b) | (np.isnan(a) & np.isnan(b)))
-
 def _from(t:pd.DataFrame, key:tuple) -> pd.DataFrame:
     "The rows of the keyed trace `t` from `(fit, iter)` `key` on"
     fit, it = t.index.get_level_values(0), t.index.get_level_values(1)
@@ -107,7 +103,7 @@ def _rows_divergence(a:pd.DataFrame, b:pd.DataFrame) -> Divergence|None:
     idx = a.index.union(b.index).sort_values()
     in_a, in_b = idx.isin(a.index), idx.isin(b.index)
     va, vb = (t.reindex(idx)[cols].to_numpy(np.float64) for t in (a, b))
-    differs = _differs(va, vb)
+    differs = ~((va == vb) | (np.isnan(va) & np.isnan(vb)))  # exact, NaN equal to NaN
     parted = differs.any(axis=1) | ~in_a | ~in_b
     if not parted.any(): return None
     i = int(parted.argmax())
