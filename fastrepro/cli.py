@@ -43,7 +43,7 @@ def command(name:str, # the subcommand, as typed after `fastrepro`
 def parser() -> argparse.ArgumentParser:
     "The `fastrepro` argument parser, with one subparser per registered `command`"
     p = argparse.ArgumentParser(prog='fastrepro', description='Reproducible, honestly comparable fastai experiments.')
-    sub = p.add_subparsers(dest='command', metavar='COMMAND', required=True)
+    sub = p.add_subparsers(dest='subcommand', metavar='COMMAND', required=True)  # not `command`: reproduce's --command
     for name, (f, args) in COMMANDS.items():
         sp = sub.add_parser(name, help=f.__doc__, description=f.__doc__)
         for flags, kwargs in args: sp.add_argument(*flags, **kwargs)
@@ -68,7 +68,7 @@ def main(argv:list|None=None, # the arguments (default: `sys.argv[1:]`)
         warnings.showwarning = _show_warning
         try: return args.func(args) or 0
         except (CLIError, LedgerError, ValueError) as e:
-            print(f"fastrepro {args.command}: error: {e}", file=sys.stderr)
+            print(f"fastrepro {args.subcommand}: error: {e}", file=sys.stderr)
             return EXIT_USAGE
 
 # %% ../nbs/90_cli.ipynb #8a7eaa90
