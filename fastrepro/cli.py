@@ -43,7 +43,7 @@ def command(name:str, # the subcommand, as typed after `fastrepro`
 def parser() -> argparse.ArgumentParser:
     "The `fastrepro` argument parser, with one subparser per registered `command`"
     p = argparse.ArgumentParser(prog='fastrepro', description='Reproducible, honestly comparable fastai experiments.')
-    sub = p.add_subparsers(dest='command', metavar='COMMAND', required=True)
+    sub = p.add_subparsers(dest='subcommand', metavar='COMMAND', required=True)  # not `command`: reproduce's --command
     for name, (f, args) in COMMANDS.items():
         sp = sub.add_parser(name, help=f.__doc__, description=f.__doc__)
         for flags, kwargs in args: sp.add_argument(*flags, **kwargs)
@@ -68,7 +68,7 @@ def main(argv:list|None=None, # the arguments (default: `sys.argv[1:]`)
         warnings.showwarning = _show_warning
         try: return args.func(args) or 0
         except (CLIError, LedgerError, ValueError) as e:
-            print(f"fastrepro {args.command}: error: {e}", file=sys.stderr)
+            print(f"fastrepro {args.subcommand}: error: {e}", file=sys.stderr)
             return EXIT_USAGE
 
 # %% ../nbs/90_cli.ipynb #8a7eaa90
@@ -264,7 +264,7 @@ def reproduce_command(args):
     ("Rebuild a checkpoint's code, re-run it to the checkpoint's position and compare bit for bit (exit code 0: "
      "reproduced, 1: the runs part, 2: could not run)")
     with _library_imports():  # torch and fastai: only for this command
-        from fastrepro.check.rebuild import ReproduceError, EXIT_FAILED
+        from fastrepro.check.rebuild import ReproduceError
         from fastrepro.check.reproduce import reproduce, reproduce_segments, segments_verdict
     kwargs = dict(repo=args.repo, command=args.command, env=_assignments(args.env), strict=args.strict,
                   timeout=args.timeout, trust=args.trust, where=not args.no_where)
@@ -282,9 +282,7 @@ def reproduce_command(args):
         if args.plan:
             if args.json: print(json.dumps(r, indent=1, default=str))
             return 0
-    except ReproduceError as e:
-        print(f"fastrepro reproduce: {one_line(e)}", file=sys.stderr)
-        return EXIT_FAILED
+    except ReproduceError as e: raise CLIError(one_line(e)) from e  # exit code 2, as `EXIT_FAILED`
     if args.json: print(json.dumps(r.to_dict(), indent=1, default=str))
     return r.exit_code
 
@@ -294,13 +292,11 @@ def trust_command(args):
     ("Trust a checkpoint from now on, as `jupyter trust` does a notebook: `fastrepro reproduce` runs the code it "
      "carries (a patch, notebook cells, a command outside its commit) without --trust")
     with _library_imports():
-        from fastrepro.check.rebuild import ReproduceError, EXIT_FAILED
+        from fastrepro.check.rebuild import ReproduceError
         from fastrepro.check.reproduce import trust_checkpoint
         from fastrepro.record.trust import trusted_file
     try: trust_checkpoint(args.checkpoint)
-    except ReproduceError as e:
-        print(f"fastrepro trust: {one_line(e)}", file=sys.stderr)
-        return EXIT_FAILED
+    except ReproduceError as e: raise CLIError(one_line(e)) from e
     print(f"fastrepro trust: {args.checkpoint} is trusted: `fastrepro reproduce` runs the code it carries without "
           f"--trust (its signature is kept in {trusted_file()})")
 

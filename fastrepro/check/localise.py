@@ -267,8 +267,7 @@ def _fmt(v:float|None) -> str: return 'n/a' if v is None else f'{v:.2g}'
 
 @dataclass
 class StepDivergence:
-    ("Where one training step run under two sides first differs: the event (module, pass, tensor), by how much, and "
-     "for a leaf module's forward the first of its aten ops whose output differs")
+    "Where one training step run under two sides first differs: the event (module, pass, tensor), by how much"
     sides:tuple # the two sides' names
     n_events:int # the events of side A's step, all digested
     event:StepEvent|None = None # the first event whose digests differ (None: the steps are bit-identical)

@@ -334,8 +334,7 @@ def selftest(ledger=None, # also add the result to this ledger (a path or postgr
              tmp=None, # the folder its temporary folder is made in (default: the system's, `tempfile.gettempdir()`)
              timeout:float=STAGE_TIMEOUT_S, # the longest one check process may run (a hang is stopped, not waited on)
             ) -> Selftest:
-    ("Check fastrepro's guarantees on this installation and hardware, in two fresh processes on synthetic data; "
-     "raises `SelftestError` when it cannot run")
+    "Check fastrepro's guarantees on this installation and hardware; `SelftestError` when it cannot run"
     start = time.monotonic()
     try: folder = Path(tempfile.mkdtemp(prefix='fastrepro-selftest-', dir=tmp))
     except OSError as e:

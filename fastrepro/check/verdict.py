@@ -80,16 +80,14 @@ def _computed(name:str, state):
     return {k: v for k, v in state.items() if k not in drop} if isinstance(state, dict) and drop else state
 
 def _held(ra:dict, rb:dict) -> dict:
-    ("`rb` with only the Recorder rows `ra` holds: from its `start` on, where the rows before it were in a trace file "
-     "not beside `a`'s checkpoint (`whole_state`); what is not there is not compared")
+    "`rb` with only the Recorder rows `ra` holds (from its `start` on: a trace file not beside `a`'s checkpoint)"
     a, b = ra.get('recorder'), rb.get('recorder')
     if not (a and b and a['start'] > b['start']): return rb
     s = a['start'] - b['start']
     return {**rb, 'recorder': {**b, 'start': a['start'], 'losses': b['losses'][s:], 'lrs': b['lrs'][s:]}}
 
 def compare_states(a:dict, b:dict) -> dict:
-    ("Each quantity of two checkpoints -> None when bit-identical, else where it first differs: the "
-     "trace, weights, optimizer state, generator states, loss-scale history and every other callback state")
+    "Each quantity of two checkpoints -> None when bit-identical, else where it first differs"
     ca, cb = a['extra']['callbacks'], b['extra']['callbacks']
     ra, rb = (_computed('repro_cb', c['repro_cb']) for c in (ca, cb))
     rb = _held(ra, rb)
@@ -117,8 +115,7 @@ def compare_digests(entry:dict, # the manifest entry of a checkpoint `keep` dele
                     a:dict, # the run's newest checkpoint, as read: its trace holds the deleted one's
                     b:dict, # the re-run's checkpoint at the entry's position, as read
                    ) -> dict:
-    ("Each quantity -> None when bit-identical, else where it first differs: the trace up to the entry's position, "
-     "then the weights, optimizer state and generator states by the digests the manifest recorded")
+    "Each quantity -> None when bit-identical, else where it first differs, by the digests the manifest recorded"
     ta, tb = a['trace'], b['trace']
     got = checkpoint_digests(b['path'])
     res = {'trace': first_divergence(_trace_before(ta, entry), tb, detail=True)}

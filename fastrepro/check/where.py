@@ -76,9 +76,7 @@ WHERE_NAME = 'where.json'  # what the re-run that localises writes beside the re
 def _key(v) -> tuple|None: return None if v is None else tuple(v)  # a key, back from JSON
 
 class WhereCB(Callback):
-    ("In a `reproduce` re-run: at the iteration where the runs part, localise its step between the recorded settings "
-     "and this machine's (`localise_step`); or, as side `side` plays the fit (its kernels this process's), digest "
-     "every step from the fit's first through that iteration; write the answer, end the process")
+    "In a `reproduce` re-run: localise the step where the runs part, or digest every step up to it as side `side`"
     order = 99  # after the callbacks that set a step up (schedulers, autocast); before `StopAtCB`, which ends the run
     target = None  # where every WhereCB built without a target localises: set by `stop_at`, in the re-run's runner
     def __init__(self, target:dict|None=None): # fit, iteration, model, out; recorded and here, or side and other

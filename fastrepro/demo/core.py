@@ -49,8 +49,7 @@ class CheckResult:
     def _repr_markdown_(self): return f"**{self.check}: {self.result}** ({round(self.seconds, 1)} s)\n\n{self.detail}"
 
 def demo_check(title:str): # the check's name in the report
-    ("Decorator making `f(demo) -> (passed, detail, artifacts)` a check: run under the demo's CPU threads, timed, "
-     "a `CheckResult` (`passed` None: skipped, the detail says why)")
+    "Decorator making `f(demo) -> (passed, detail, artifacts)` a timed check under the demo's CPU threads"
     def _deco(f):
         @functools.wraps(f)
         def _check(demo, *args, **kwargs) -> CheckResult:

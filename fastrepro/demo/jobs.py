@@ -21,7 +21,7 @@ from .ulmfit import *
 
 # %% auto #0
 __all__ = ['STOP_EPOCH', 'RESUME_SEED_OFFSET', 'JOB_FILE', 'JOB_TIMEOUT_S', 'BEST', 'SCRIPT_STOPS', 'serve_jobs', 'JobServer',
-           'job_server', 'StopAfter', 'KillAt', 'Job', 'KillOn', 'after_script', 'run_job', 'job_process', 'job_error']
+           'job_server', 'StopAfter', 'KillOn', 'KillAt', 'Job', 'after_script', 'run_job', 'job_process', 'job_error']
 
 # %% ../../nbs/demo/02_jobs.ipynb #d26130da
 def _run_forked(req:dict) -> int:
@@ -40,8 +40,7 @@ def _run_forked(req:dict) -> int:
     return 0
 
 def serve_jobs():
-    ("The job server's loop: for each request read from stdin (JSON: `code`, `cwd`, `stdout`, `stderr` files), fork a "
-     "process that runs it, answer with its pid, then its exit status (negative: the signal that ended it)")
+    "The job server's loop: for each request on stdin, fork a process that runs it; answer its pid, then its status"
     for line in sys.stdin:
         req = json.loads(line)
         pid = os.fork()
@@ -106,15 +105,21 @@ class StopAfter(Callback):
         self.learn.save('cancel', with_opt=True)  # inside the fit: the callbacks passed to it are still attached
         raise CancelFitException()
 
-class KillAt(Callback):
-    "Send this process `signum` after training iteration `it` (of the script's fit `fit`, with autoresume)"
+class KillOn(Callback):
+    "Send this process `signum` at `event` (`after_batch`: of training iteration `it`) of the script's fit `fit`"
+    order = CheckpointCB.order + 1  # after CheckpointCB's part of the event: its checkpoint, or its end state
+    def __init__(self, event:str, signum:int, fit:int|None=None, it:int|None=None):
+        store_attr(); setattr(self, event, self._hit)
+    def _hit(self):
+        if self.it is not None and not (self.training and self.learn.train_iter == self.it): return
+        cb = getattr(self.learn, 'checkpoint_cb', None)
+        if self.fit is None or (cb is not None and cb.fit_number == self.fit): os.kill(os.getpid(), self.signum)
+
+class KillAt(KillOn):
+    "`KillOn` after training iteration `it`: SIGKILL after its checkpoint, other signals before CheckpointCB looks"
     def __init__(self, it:int, signum:int=signal.SIGKILL, fit:int|None=None):
-        store_attr()
-        # SIGKILL after CheckpointCB wrote this iteration's periodic checkpoint; SIGTERM before it looks for a signal
-        self.order = CheckpointCB.order + (1 if signum == signal.SIGKILL else -1)
-    def after_batch(self):
-        if not self.training or self.learn.train_iter != self.it: return
-        if self.fit is None or self.learn.checkpoint_cb.fit_number == self.fit: os.kill(os.getpid(), self.signum)
+        super().__init__('after_batch', signum, fit, it)
+        if signum != signal.SIGKILL: self.order = CheckpointCB.order - 1
 
 @dataclass
 class Job:
@@ -176,16 +181,6 @@ class Job:
         pd.to_pickle({f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, self.path/JOB_FILE)
         return self.path/JOB_FILE
 
-class KillOn(Callback):
-    "Send this process `signum` at `event` (`after_batch`: of training iteration `it`) of the script's fit `fit`"
-    order = CheckpointCB.order + 1  # after CheckpointCB's part of the event: its checkpoint, or its end state
-    def __init__(self, event:str, signum:int, fit:int|None=None, it:int|None=None):
-        store_attr(); setattr(self, event, self._hit)
-    def _hit(self):
-        if self.it is not None and not (self.training and self.learn.train_iter == self.it): return
-        cb = getattr(self.learn, 'checkpoint_cb', None)
-        if self.fit is None or (cb is not None and cb.fit_number == self.fit): os.kill(os.getpid(), self.signum)
-
 # the boundaries of the script's stages where `script` mode can be stopped (`stop=(name, signal)`): each is a callback
 # event `KillOn` hits, (event, script fit, training iteration), or a line of the script, None
 SCRIPT_STOPS = {
@@ -199,9 +194,7 @@ SCRIPT_STOPS = {
 }
 
 def _script(job:Job, kill=None, stop=None):
-    ("The three-fit ULMFiT script as a user writes it (seeded once, at its top), every learner with "
-     "`CheckpointCB(autoresume=True)`; `kill`: (iteration, signal, fit), `stop`: (a `SCRIPT_STOPS` name, signal). "
-     "The language model and the classifier")
+    "The `script` mode's three-fit ULMFiT script, as a user writes it; the language model and the classifier"
     job.set_threads()
     hits = {} if stop is None else {stop[0]: stop[1]}
     def here(name):
@@ -221,8 +214,7 @@ def _script(job:Job, kill=None, stop=None):
     return lm, clas
 
 def after_script(learn:Learner) -> dict:
-    ("What a process holds after a script's last fit, besides its `RunRecord`: the optimizer's state, the Recorder, "
-     "fastai's counters, and the next draws of every generator and of each loader's own")
+    "What a process holds after a script's last fit, besides its `RunRecord`"
     rec = learn.recorder
     return dict(optimizer=states_digest(learn.opt.state_dict()), losses=[float(o) for o in rec.losses],
                 lrs=[float(o) for o in rec.lrs], counters=[int(learn.train_iter), int(learn.epoch),
@@ -271,8 +263,7 @@ def job_process(spec, # a job file
                 env:dict|None=None, # environment variables of the process, over this one's and `DETERMINISTIC_ENV`
                 **kwargs, # more `run_job` arguments
                ) -> subprocess.CompletedProcess:
-    ("Run `run_job(spec, mode, **kwargs)` in a fresh Python process, this fastrepro first on its path: forked from "
-     "the `job_server` of its environment")
+    "Run `run_job(spec, mode, **kwargs)` in a fresh Python process (forked from its environment's `job_server`)"
     root = str(Path(fastrepro.__file__).resolve().parents[1])
     # MKL and OpenMP read theirs before any of our code runs; torch's and MKL's kernels are this process's, as the
     # job's results are compared with this process's

@@ -94,9 +94,7 @@ def check_resume(demo:Demo):
                                                     inside={k: inside[k] for k in keys})
 
 def _killed_between_stages(demo:Demo) -> tuple:
-    ("Check 2's script part: the two-learner ULMFiT script (`Job`'s `script` mode) killed right after the language "
-     "model's end checkpoint (SIGTERM), its rerun killed while the classifier is built (SIGKILL), the next rerun to "
-     "its end: the uninterrupted script's, bit for bit (record, optimizer, Recorder, the next draws)")
+    "Check 2's script part: the two-learner ULMFiT script killed twice between its stages, then run to its end"
     df = subsample(demo.df, SCRIPT_TEXTS, SCRIPT_CHARS)
     whole, job = (Job('lm', df, demo.work/name, profile=demo.profile, seed=demo.seed, threads=demo.threads)
                   for name in ('script', 'script-killed'))
@@ -195,8 +193,7 @@ def train_arm(df:pd.DataFrame, vocab:list, profile:Profile, path:Path, # the dem
     return dict(zip(learn.recorder.metric_names[1:-1], learn.recorder.values[-1]))
 
 def _fork_pools():
-    ("A spawned process starts its own pools by fork, as any process Python starts on Linux does: else each text "
-     "fastai tokenizes starts processes that import fastai again (13.6 s per run of check 5 instead of 1.2 s)")
+    "A spawned process starts its own pools by fork, as any process Python starts on Linux does"
     if 'fork' in multiprocessing.get_all_start_methods(): multiprocessing.set_start_method('fork', force=True)
 
 def seed_pool(workers:int): # processes (0: none)
@@ -259,8 +256,7 @@ def module_types(model) -> set:
 
 @demo_check('fast loop')
 def check_fast_loop(demo:Demo):
-    ("Check 6: the fast profile keeps the full profile's architecture and ULMFiT path; its settings side by side, "
-     "and the time here")
+    "Check 6: the fast profile keeps the full profile's architecture and ULMFiT path"
     ref, full = demo.reference, get_profile('full')
     fast = demo.profile if demo.profile.name != 'full' else get_profile('fast')
     n_class = demo.df[LABEL_COL].nunique()
@@ -281,8 +277,7 @@ def check_fast_loop(demo:Demo):
 # %% ../../nbs/demo/04_run.ipynb #85721296
 @demo_check('reproduced from one file')
 def check_reproduce(demo:Demo):
-    ("Check 7: `reproduce` on the classifier checkpoint check 2 wrote at SIGTERM: the code rebuilt from its commit, "
-     "the job re-run in a fresh process to the checkpoint's position, compared bit for bit")
+    "Check 7: `reproduce` on the classifier checkpoint check 2 wrote at SIGTERM"
     ck = demo.work/'resume'/'models'/'checkpoint.pth'
     if not ck.exists(): return None, f"Skipped: no classifier checkpoint at {ck} (check 2 writes it): run it first.", {}
     why = rebuild_problem(checkpoint_info(ck)['git'])
@@ -319,8 +314,7 @@ def run_demo(profile:str='fast', # 'test', 'fast' or 'full'
              progress:bool=True, # fastai-style progress bars
              workers:int=0, # processes that train check 5's seeds side by side (0: this process)
             ) -> int:
-    ("Run every check, print the report table, write `report.md`, `report.json` and the plots to `out`; "
-     "0 when all passed, else `EXIT_FAILED`")
+    "Run every check, print the report table, write the report and plots to `out`; 0 when all passed"
     t0 = time.perf_counter()
     demo = Demo(profile, n_seeds, data, out, seed, progress=progress, workers=workers)
     results = demo.run(DEMO_CHECKS)

@@ -162,8 +162,7 @@ def check_text_data(df:pd.DataFrame, # texts, labels and the `is_valid` split
                     where='the data', # how to name the data in messages
                     profile:str|Profile|None=None, # also check there is enough text for this profile's batches
                    ) -> pd.DataFrame:
-    ("Raise `DataError` when `df` cannot make a classifier: one class, an empty split, validation labels never "
-     "trained on, too little text")
+    "Raise `DataError` when `df` cannot make a classifier"
     trn, val = df[~df[VALID_COL]], df[df[VALID_COL]]
     if df[LABEL_COL].nunique() < 2:
         raise DataError(f"{where}: every text has the label {df[LABEL_COL].iloc[0]!r}. "

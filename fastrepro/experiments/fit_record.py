@@ -40,8 +40,7 @@ def _fit_end(exc:BaseException|None=None, cancelled:bool=False) -> tuple:
     return ('interrupted', 'cancelled (CancelFitException)') if cancelled else ('completed', None)
 
 class FitRecord:
-    ("A fit's record in a ledger: added as 'running' when the fit starts, completed, failed or interrupted when it "
-     "ends; spooled beside the run (`Spool`) while the ledger cannot take it")
+    "A fit's record in a ledger: 'running' from the fit's start to its end, spooled while the ledger cannot take it"
     def __init__(self, ledger:Ledger|str|Path|None=None, experiment:str|None=None, variant:str|None=None,
                  metric_version:str|None=None, tags:dict|None=None):
         store_attr('ledger,experiment,variant,metric_version,tags')  # an address is opened when a fit first writes

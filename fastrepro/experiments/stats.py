@@ -205,11 +205,6 @@ def _interaction(samples:list, alpha:float, equal_var:bool, higher_is_better:boo
     return dict(mean_diff=est, ci_low=est-h, ci_high=est+h, t=float(t), df=dof, p_value=p,
                 verdict=sig[_verdict(est, p, alpha, higher_is_better)])
 
-def _shadowed(verdicts, names:tuple) -> list:
-    "Names of the single changes that regress alone while their combination progresses"
-    if verdicts[names[2]] != PROGRESSION: return []
-    return [n for n in names[:2] if verdicts[n] == REGRESSION]
-
 def ablation(baseline, # metric values of the baseline runs, one per seed
              a, # runs with change A alone
              b, # runs with change B alone
@@ -230,7 +225,8 @@ def ablation(baseline, # metric values of the baseline runs, one per seed
     df = pd.DataFrame.from_dict(rows, orient='index')
     df['n'] = df['n'].astype('Int64')  # the interaction has no sample size of its own
     df['note'] = ''
-    shadowed = _shadowed(df.verdict, names)
+    # the single changes that regress alone while their combination progresses
+    shadowed = [n for n in names[:2] if df.verdict[n] == REGRESSION] if df.verdict[names[2]] == PROGRESSION else []
     for n in shadowed: df.loc[n, 'note'] = f'regresses alone; shadowed in {names[2]}'
     if shadowed:
         df.loc[names[2], 'note'] = (f"progresses although {' and '.join(shadowed)} "

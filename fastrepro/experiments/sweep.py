@@ -71,8 +71,7 @@ def _sendable(e:Exception) -> Exception:
 
 def _run_seed(train_fn, seed:int, threads:int, deterministic:bool, with_env:bool, sweep_id:str,
               kernels:dict|None=None) -> dict:
-    ("Run one seed in this process, pinned (with the CPU `kernels` of `same_kernels_env` where it can): metrics and "
-     "times, or the error `train_fn` raised; the environment; the kernels it could not take")
+    "Run one seed in this process, pinned to `kernels` where it can: its outcome, environment and kernels not taken"
     # `sweep_id` makes each task unique: Dask caches a task by its arguments and would hand a rerun the last outcome
     _check_worker()
     from fastrepro.state.kernels import take_kernels  # imports torch, as `pinned` does

@@ -76,19 +76,13 @@ def _as_trace(trace) -> pd.DataFrame:
     if isinstance(trace, Learner): return trace.repro_trace
     return trace if isinstance(trace, pd.DataFrame) else load_trace(trace)
 
-def _differs(a:np.ndarray, b:np.ndarray) -> np.ndarray:
-    "Elementwise exact inequality, NaN equal to NaN"
-    return ~((a == b) | (np.isnan(a) & np.isnan(b)))
-
 def _from(t:pd.DataFrame, key:tuple) -> pd.DataFrame:
     "The rows of the keyed trace `t` from `(fit, iter)` `key` on"
     fit, it = t.index.get_level_values(0), t.index.get_level_values(1)
     return t[(fit > key[0]) | ((fit == key[0]) & (it >= key[1]))]
 
 def _divergence(a:pd.DataFrame, b:pd.DataFrame) -> Divergence|None:
-    ("Where traces `a` and `b` part: their initial weights, where both record them; then row by row, from the end of "
-     "a gap (`GAP`: rows whose trace file was not beside the checkpoint), and the rows before it by the digests of "
-     "all rows (`rows_digest`) where both are known; rows neither trace nor digest holds are never a difference")
+    "Where traces `a` and `b` part: their initial weights, then row by row, the rows before a `GAP` by their digests"
     (wa, ga), (wb, gb) = ((t.attrs.get(INITIAL_WEIGHTS), t.attrs.get(GAP)) for t in (a, b))
     da, db = (rows_digest(t) if ga or gb else None for t in (a, b))
     a, b = _keyed(a, 'A'), _keyed(b, 'B')
@@ -109,7 +103,7 @@ def _rows_divergence(a:pd.DataFrame, b:pd.DataFrame) -> Divergence|None:
     idx = a.index.union(b.index).sort_values()
     in_a, in_b = idx.isin(a.index), idx.isin(b.index)
     va, vb = (t.reindex(idx)[cols].to_numpy(np.float64) for t in (a, b))
-    differs = _differs(va, vb)
+    differs = ~((va == vb) | (np.isnan(va) & np.isnan(vb)))  # exact, NaN equal to NaN
     parted = differs.any(axis=1) | ~in_a | ~in_b
     if not parted.any(): return None
     i = int(parted.argmax())
@@ -132,8 +126,7 @@ def first_divergence(trace_a, # a run trace (`learn.repro_trace`), a `Learner` w
                      trace_b, # the run to compare with, as the same kinds
                      detail:bool=False, # return a `Divergence` instead of the iteration
                     ) -> int|Divergence|None:
-    ("The first `iter` at which two run traces differ (`BEFORE_TRAINING` when their initial weights do), or None "
-     "when they never do; with `detail`, a `Divergence`. A learner's tracker runs are told the verdict")
+    "The first `iter` at which two run traces differ (`BEFORE_TRAINING`: their initial weights), or None"
     a, b = _as_trace(trace_a), _as_trace(trace_b)
     d = _divergence(a, b)
     for which, run, trace in (('A', trace_a, a), ('B', trace_b, b)):
@@ -144,8 +137,7 @@ def unseen_rows(a:pd.DataFrame, # a run trace
                 b:pd.DataFrame, # the trace it was compared with (`first_divergence` found no difference)
                 names:tuple=('run A', 'run B'), # what to call each
                ) -> str|None:
-    ("What the comparison of two traces could not see: the rows a trace lacks (its checkpoint's trace file was not "
-     "beside it), and whether the digests of all rows matched for them; None when no rows are missing")
+    "What the comparison of two traces could not see (the rows a trace lacks), or None"
     gaps = [f"the per-iteration trace was not beside {n} (its rows before fit {t.attrs[GAP][0]}, iteration "
             f"{t.attrs[GAP][1]})" for n, t in zip(names, (a, b)) if t.attrs.get(GAP)]
     if not gaps: return None

@@ -47,8 +47,7 @@ def _launcher() -> dict|None:
 
 def entry_point(root:str|None=None, # the repository root that paths are recorded relative to; None: absolute paths
                ) -> dict:
-    ("How this process was started: its command, working directory, Python, launcher and the environment variables "
-     "that change what runs; in a notebook, its path and the executed cells")
+    "How this process was started: what a later `fastrepro reproduce` needs to run it again"
     ipython = sys.modules.get('IPython')  # its shell runs this process's cells: Jupyter, IPython, nbdev's tests
     shell = None if ipython is None else ipython.get_ipython()
     options, command = _command(list(getattr(sys, 'orig_argv', sys.argv)), root)

@@ -29,12 +29,13 @@ class ProvenanceWarning(UserWarning):
     "Provenance could not be fully recorded (e.g. the code is not in a git repository)"
 
 MAX_FILES_SHOWN = 10  # files listed per category in a `DirtyTreeError` message
+def _shown(ps:list) -> str: return ', '.join(ps[:MAX_FILES_SHOWN]) + (
+    f' (and {len(ps) - MAX_FILES_SHOWN} more)' if len(ps) > MAX_FILES_SHOWN else '')
 _GIT_ENV = {'GIT_OPTIONAL_LOCKS': '0'}  # reading must never take the index lock a concurrent git command may hold
 _warned_outside = set()  # paths already warned about, so each warns once per process
 
 def _git(repo:git.Repo, *args, istream=None, **env) -> bytes:
-    ("Raw stdout of `git args` in `repo`'s working tree with `env` added and `istream` as its input, run by gitpython "
-     "(`GitCommandError` on failure)")
+    "Raw stdout of `git args` in `repo`'s working tree, `env` added, `istream` its input (`GitCommandError` on failure)"
     return repo.git.execute(['git', *args], istream=istream, env={**_GIT_ENV, **env}, stdout_as_string=False,
                             strip_newline_in_stdout=False)
 
@@ -45,8 +46,7 @@ _STATUS_FIELDS = {'1': 8, '2': 9, 'u': 10}  # fixed fields before the path, per 
 _NO_BLOB = '0' * 40  # porcelain v2's object name of a file HEAD does not have
 
 def _parse_status(raw:bytes) -> dict:
-    ("HEAD commit, branch, the modified (unstaged), staged and untracked-but-not-ignored paths of porcelain v2 `raw`, "
-     "and the HEAD blob of each changed tracked path (`heads`)")
+    "HEAD commit, branch, modified, staged and untracked paths of porcelain v2 `raw`, and their HEAD blobs (`heads`)"
     res = dict(commit=None, branch=None, modified=set(), staged=set(), untracked=set(), heads={})
     entries = iter(_decode(raw).split('\0'))
     for e in entries:
@@ -180,8 +180,7 @@ def _notebook_change(repo:git.Repo, path:str, head:str|None) -> bytes|None:
     return _cached(_notebook_cache, (repo.working_tree_dir, path), (head, stamp), [stamp], _compute)
 
 def _code_changes(repo:git.Repo, st:dict, outputs) -> tuple:
-    ("The changed paths of status `st` that are code, by category; the changed notebooks as the patch records them; "
-     "the untracked ones this process imported")
+    "The changed code paths of status `st` by category, the changed notebooks as recorded, the imported untracked"
     root = repo.working_tree_dir
     changed = sorted(set(st['modified']) | set(st['staged']) | set(st['untracked']))
     outs, notebooks, code = [_relative(o, root) for o in outputs], {}, set()
@@ -263,16 +262,12 @@ def code_changes(saved:dict, # a `git_info` record with its `patch` (a checkpoin
         return f"commit {str(saved.get('commit'))[:12]} there, {str(now.get('commit'))[:12]} here"
     a, b = patch_files(saved.get('patch')), patch_files(now.get('patch'))
     files = sorted(p for p in set(a) | set(b) if a.get(p) != b.get(p))
-    shown = ', '.join(files[:MAX_FILES_SHOWN]) + (f' (and {len(files) - MAX_FILES_SHOWN} more)'
-                                                   if len(files) > MAX_FILES_SHOWN else '')
-    return f"changed since: {shown}" if files else "the same files, another patch"
+    return f"changed since: {_shown(files)}" if files else "the same files, another patch"
 
 # %% ../../nbs/record/02_provenance.ipynb #cf801d91
 def _listing(info:dict) -> str:
     "The dirty files of `info`, by category, at most `MAX_FILES_SHOWN` each"
-    def _fmt(ps): return ', '.join(ps[:MAX_FILES_SHOWN]) + (f' (and {len(ps)-MAX_FILES_SHOWN} more)'
-                                                            if len(ps) > MAX_FILES_SHOWN else '')
-    return '; '.join(f"{k}: {_fmt(info[k])}" for k in ('modified', 'staged', 'untracked') if info[k])
+    return '; '.join(f"{k}: {_shown(info[k])}" for k in ('modified', 'staged', 'untracked') if info[k])
 
 def ignore_line(path:str) -> str:
     "The `.gitignore` line that makes the untracked `path`, and the other files of its folder, stop counting"

@@ -35,8 +35,7 @@ def norm_columns(trace:pd.DataFrame) -> list[str]:
     return [c for c in trace.columns if c.startswith(NORM_PREFIX)]
 
 class Trace:
-    ("The trace of a run: each training iteration's exact loss, and every `every` iterations each parameter's norm; "
-     "the rows a save wrote to the trace file beside the checkpoints (`spool`) are read back from it, not kept")
+    "The trace of a run: each training iteration's exact loss, and every `every` iterations each parameter's norm"
     def __init__(self, every:int=TRACE_EVERY): # record the parameter norms every N iterations (0: losses only)
         self.every, self.param_names = every, None
         self.events = []  # `(iteration, what happened)`: faults the run survived, e.g. a checkpoint not written
@@ -72,9 +71,7 @@ class Trace:
         return compact_trace(self.fit, self.epoch, self.iter, self.loss, self.param_names, self.norm_rows, self.norms)
 
     def state_dict(self) -> dict:
-        ("What a checkpoint holds of the trace: the rows the trace file does not (`tail`: all of them without a file), "
-         "the events, the initial weights, a gap, the digest of every row; the file's prefix is pinned beside it "
-         "(`log.pin()`)")
+        "What a checkpoint holds of the trace; the trace file's prefix is pinned beside it (`log.pin()`)"
         d = {'tail': self._tail()}
         if self.initial is not None: d[INITIAL_WEIGHTS] = self.initial
         if self.events: d['events'] = [list(e) for e in self.events]

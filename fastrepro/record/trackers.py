@@ -127,8 +127,7 @@ class _StepWriter:
     def __getattr__(self, name): return getattr(self.writer, name)
 
 class TensorBoardRun(_Tracker):
-    ("fastai's `TensorBoardCallback`: provenance as text, the loss scale as scalars; a resumed fit continues its "
-     "log folder, purged from the checkpoint's step")
+    "fastai's `TensorBoardCallback`: provenance as text, the loss scale as scalars; a resume purges from its step"
     kind, cb_class = 'tensorboard', (TB_MODULE, 'TensorBoardCallback')
     def __init__(self, cb, saved:dict|None):
         self.cb, self.saved, self.writer, self._last, self.info, self.patch = cb, saved, None, saved, None, None
@@ -187,8 +186,7 @@ class TensorBoardRun(_Tracker):
 
 # %% ../../nbs/record/04_trackers.ipynb #1650f0fd
 class WandbRun(_Tracker):
-    ("fastai's `WandbCallback`: provenance in the run's config and summary, the patch as an artifact, the loss scale "
-     "at each step; a resumed fit continues the checkpoint's run at its step")
+    "fastai's `WandbCallback`: provenance in config and summary, the patch as an artifact, the loss scale per step"
     kind, cb_class = 'wandb', (WANDB_MODULE, 'WandbCallback')
     def __init__(self, cb, saved:dict|None):
         self.cb, self.saved, self.wandb, self._last = cb, saved, sys.modules['wandb'], saved
@@ -246,8 +244,7 @@ class WandbRun(_Tracker):
 
 # %% ../../nbs/record/04_trackers.ipynb #0f760f94
 class MlflowRun(_Tracker):
-    ("The active MLflow run: provenance as tags and artifacts, the loss scale as metrics; a resumed fit continues "
-     "the checkpoint's run, no step logged twice")
+    "The active MLflow run: provenance as tags and artifacts, the loss scale as metrics, no step logged twice"
     kind = 'mlflow'
     def __init__(self, saved:dict|None):
         self.mlflow, self.saved, self.opened = sys.modules['mlflow'], saved, False
@@ -322,8 +319,7 @@ def _bounded_requests():
 TRACKERS = (CSVHistory, TensorBoardRun, WandbRun, MlflowRun)  # each `find`s its tracker in a fit, or returns None
 
 class FitTrackers(Callback):
-    ("The trackers a training fit writes to, told its provenance, the loss scale at each step and the checkpoints "
-     "written; their runs go into the checkpoints, and a resumed fit continues them")
+    "The trackers a training fit writes to: told its provenance, the loss scale and checkpoints, continued on a resume"
     # after fastai's TensorBoard and W&B callbacks (Recorder.order+1) logged a batch, before CheckpointCB (90) saves it
     order = Recorder.order + 2
     def __init__(self):

@@ -26,8 +26,7 @@ class SecretError(RuntimeError):
     "The user's signing secret cannot be read or created"
 
 def secret_file() -> Path:
-    ("Where this user's signing secret lives: `$FASTREPRO_SECRET_FILE`, else `fastrepro/secret` in the user's config "
-     "folder (`$XDG_CONFIG_HOME`, else `~/.config`)")
+    "Where this user's signing secret lives: `$FASTREPRO_SECRET_FILE`, else in the user's config folder"
     if os.environ.get(SECRET_ENV): return Path(os.environ[SECRET_ENV]).expanduser()
     return Path(os.environ.get('XDG_CONFIG_HOME') or Path.home()/'.config')/'fastrepro'/'secret'
 
@@ -193,8 +192,7 @@ def entry_problem(entry:dict|None) -> str|None:
     if not isinstance(entry['notebook'], (str, type(None))): return "field entry.notebook is not text"
 
 def git_problem(git:dict|None) -> str|None:
-    ("Which field of the git record `git` is not what fastrepro writes: a commit that is no object name, a dirty tree "
-     "without its patch; None when it could be")
+    "Which field of the git record `git` is not what fastrepro writes, or None"
     if not git: return None
     commit, patch = git.get('commit'), git.get('patch')
     if commit is not None and not (isinstance(commit, str) and COMMIT.fullmatch(commit)):

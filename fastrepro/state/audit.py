@@ -31,8 +31,7 @@ _RNN_TYPES = (nn.LSTM, nn.GRU, nn.RNN)
 CUDNN_DEVICE = 'cuda'  # the device type on which torch runs multi-layer RNNs (and their dropout) through cuDNN
 
 def _rnn_dropout_modules(model:nn.Module, remove_duplicate:bool=True) -> list:
-    ("The `(qualified name, module)` pairs of `model` that are multi-layer RNNs with dropout between their layers, "
-     "i.e. use cuDNN's built-in RNN dropout on CUDA")
+    "The `(qualified name, module)` pairs of `model` that use cuDNN's built-in RNN dropout on CUDA"
     return [(n, m) for n, m in model.named_modules(remove_duplicate=remove_duplicate)
             if isinstance(m, _RNN_TYPES) and m.num_layers > 1 and m.dropout > 0]
 
@@ -53,8 +52,7 @@ def audit_model(model:nn.Module, # the model to audit
                 allow_cudnn_rnn_dropout:bool=False, # on CUDA, warn instead of raising on cuDNN's RNN dropout
                 warn:bool=True, # emit the findings as one `NondeterminismWarning` (when not raising)
                ) -> list[str]:
-    ("Find cuDNN's built-in RNN dropout in `model`: an error on CUDA unless allowed, a warning elsewhere; "
-     "returns the findings")
+    "Find cuDNN's built-in RNN dropout in `model`: an error on CUDA unless allowed, a warning elsewhere; the findings"
     modules = [f"`{n or '(the model itself)'}` ({type(m).__name__}, num_layers={m.num_layers}, dropout={m.dropout})"
                for n, m in _rnn_dropout_modules(model)]
     if not modules: return []
@@ -71,8 +69,7 @@ def audit_model(model:nn.Module, # the model to audit
 _RNN_KEY = re.compile(r'^(weight|bias)_(ih|hh|hr)_l(\d+)(_reverse)?$')
 
 def _stacked_key(key:str) -> str:
-    ("The `StackedRNN` name of parameter `key` of a multi-layer RNN, "
-     "e.g. `weight_ih_l1_reverse` -> `layers.1.weight_ih_l0_reverse`")
+    "The `StackedRNN` name of parameter `key`: `weight_ih_l1_reverse` -> `layers.1.weight_ih_l0_reverse`"
     m = _RNN_KEY.match(key)
     return key if m is None else f"layers.{m[3]}.{m[1]}_{m[2]}_l0{m[4] or ''}"
 
@@ -102,8 +99,7 @@ class StackedRNN(Module):
         return x._replace(data=self.drop(x.data)) if isinstance(x, PackedSequence) else self.drop(x)
 
     def forward(self, input, hx=None):
-        ("As the multi-layer module's `forward`: output, and the final states stacked as "
-         "`(num_layers*num_directions, B, H)`")
+        "As the multi-layer module's `forward`: output, and the final states `(num_layers*num_directions, B, H)`"
         out, finals = input, []
         for i, layer in enumerate(self.layers):
             if i > 0: out = self._drop(out)

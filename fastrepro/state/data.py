@@ -146,8 +146,7 @@ _PATCHED = ('__iter__', 'randomize', 'create_batches')
 _fastai = {n: getattr(DataLoader, '_orig_'+n, getattr(DataLoader, n)) for n in _PATCHED}
 
 def data_streams(dl) -> DataStreams|None:
-    ("The streams attached to `dl` (or to the loader it wraps, as fastai's `DistributedDL`) by `make_deterministic`, "
-     "or None")
+    "The streams `make_deterministic` attached to `dl` (or to the loader it wraps: `DistributedDL`), or None"
     st, inner = dl.__dict__.get('repro_streams'), dl.__dict__.get('dl')
     return data_streams(inner) if st is None and isinstance(inner, DataLoader) else st
 
@@ -293,8 +292,7 @@ def _as_shipped(dl) -> bool:
                                                         if m not in _PIPELINES)
 
 def items_draw(dl) -> bool:
-    ("Can `dl`'s items draw random numbers? False only for fastai's text loaders without a `RandTransform` per item, "
-     "and its tabular loaders, which make no items (a batch is rows of the table)")
+    "Can `dl`'s items draw random numbers?"
     from fastai.vision.augment import RandTransform
     return not _as_shipped(dl) or any(isinstance(f, RandTransform) for f in _tfms(dl, ('after_item',)))
 
@@ -308,8 +306,7 @@ def _drawless_tfms() -> tuple:
             Pad_Input, ReadTabBatch)
 
 def steps_draw(dl) -> bool:
-    ("Can a step of `dl` (making a batch, `after_batch`) draw random numbers? "
-     "False only for fastai's text and tabular loaders made of transforms that draw nothing")
+    "Can a step of `dl` (making a batch, `after_batch`) draw random numbers?"
     return not _as_shipped(dl) or not {type(f) for f in _tfms(dl)} <= set(_drawless_tfms())
 
 def make_deterministic(dls, # a `DataLoaders`, one `DataLoader`, or a list of them

@@ -73,8 +73,7 @@ def _replaced(dl) -> str|None:
             return f"`{type(dl).__name__}` replaces fastai's `DataLoader.{name}`"
 
 def pass_problem(dl) -> str|None:
-    ("Why the pass `dl` serves cannot be resumed in its middle exactly, or None: a dataset that is not indexed, a "
-     "replaced `__iter__` or `sample`, an order that its streams do not make (drawn again, it differs)")
+    "Why the pass `dl` serves cannot be resumed in its middle exactly, or None"
     st, name = data_streams(dl), type(dl).__name__
     if st is None: return f"`{name}` has no data streams (`ReproCB(deterministic_data=False)`)"
     if LOADER_DIFFERENCES: return foreign_fastai(LOADER_DIFFERENCES)
@@ -94,8 +93,7 @@ def pass_problem(dl) -> str|None:
     return sp.problem or None
 
 def pass_position(dl) -> dict:
-    ("Where the pass `dl` serves stands, as the loader counts: the batch it serves next, its batches, a digest of its "
-     "order, and `pass_problem`")
+    "Where the pass `dl` serves stands: the batch it serves next, its batches, its order's digest, `pass_problem`"
     sp = getattr(data_streams(dl), 'served', None)
     if sp is None:
         raise ValueError("This DataLoader is not serving a deterministic pass (`make_deterministic`, then iterate).")
@@ -159,8 +157,7 @@ def _probe_differences() -> list:
     return found
 
 def loader_differences() -> list:
-    ("What fastai's `DataLoader` does otherwise than fastrepro's data streams rely on, found by serving a small "
-     "loader: [] on the fastai they were written against. The caller's generators are left as they were")
+    "What fastai's `DataLoader` does otherwise than fastrepro's data streams rely on ([] if nothing), by a small loader"
     saved = _cpu_states()
     try: return _probe_differences()
     except Exception as e: return [f"serving a small loader raised {type(e).__name__}: {e}"]
