@@ -9,6 +9,7 @@ it). Every refusal is one line on stderr, no traceback, and leaves the checkpoin
 import hashlib, json, os, signal, subprocess, sys, time
 from pathlib import Path
 import pytest
+from fastrepro.demo.jobs import job_server
 from conftest import ROOT, hang_limit
 
 pytestmark = pytest.mark.slow  # trains in fresh processes: the inner loop (-m "not slow") skips it
@@ -73,10 +74,21 @@ def _env(**kw) -> dict:
     return {**env, 'WAIT': str(WAIT_S), **{k: str(v) for k, v in kw.items()}}
 
 
+# `python train.py args` in a process forked from a server that imported fastai and fastrepro and ran nothing else
+# (`fastrepro.demo.jobs.job_server`): the script's own command line, folder, variables and `__main__`, without the
+# seconds of fastai's import in each of this file's twenty runs. The run that lives beside another
+# (`test_two_processes_at_once`) is a process started from nothing.
+RUN_SCRIPT = """import os, sys, runpy
+os.chdir({d!r}); os.environ.update({env!r}); sys.path[0] = {d!r}
+sys.argv, sys.orig_argv = {argv!r}, [sys.executable, *{argv!r}]
+runpy.run_path('train.py', run_name='__main__')"""
+
+
 def train(d, *args, status=0, **kw) -> subprocess.CompletedProcess:
     "Run the script in `d` with variables `kw`; check how it ended"
-    p = subprocess.run([sys.executable, 'train.py', *args], cwd=d, env=_env(**kw), capture_output=True, text=True,
-                       timeout=hang_limit(RUN_QUIET_S))
+    env = {k: str(v) for k, v in _env(**kw).items() if os.environ.get(k) != str(v)}
+    code = RUN_SCRIPT.format(d=str(d), env=env, argv=['train.py', *args])
+    p = job_server({**os.environ, 'PYTHONPATH': _env()['PYTHONPATH']}).run(code, hang_limit(RUN_QUIET_S))
     assert p.returncode == status, f"exit {p.returncode}, not {status}: {p.stderr[-3000:]}"
     return p
 
