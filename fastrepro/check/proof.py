@@ -6,16 +6,15 @@ Docs: https://fastrepro.github.io/fastrepro/check/proof.html.md"""
 
 # %% ../../nbs/check/05_proof.ipynb #2a23e2e1
 from __future__ import annotations
-import os, sys, json, time, signal, shutil, platform, tempfile, subprocess
+import os, sys, json, time, signal, shutil, tempfile, subprocess
 from dataclasses import dataclass
-from importlib import metadata
 from fastai.text.all import *
 from fastai.tabular.all import *
 from fastai.vision.augment import RandTransform
 import fastrepro
 from ..state.portable import DETERMINISTIC_ENV
 from ..state.rng import seed_everything
-from ..state.kernels import same_kernels_env, cpuinfo, mkl_cbwr, aten_capability
+from ..state.kernels import same_kernels_env
 from ..callback.repro import ReproCB
 from ..callback.preempt import CheckpointCB
 from ..callback.fp16 import ReproMixedPrecision  # also `Learner.to_repro_fp16` and `to_repro_bf16`
@@ -141,12 +140,12 @@ RESUME_INIT = 1000  # a resuming process draws its initial weights from another 
 
 def _error_line(e:BaseException) -> str: return f"{type(e).__name__}: {one_line(e)}"[:300]
 
-def _record(learn:Learner, folder:Path, name:str): RunRecord.of(learn).save(folder/'records'/f'{name}.pt')
-
-def _train(folder:Path, recipe:str, run:str, seed:int=SEED, workers:int=0):
-    learn = _learner(recipe, folder/recipe/run, seed, workers)
+def _train(folder:Path, recipe:str, run:str, seed:int=SEED, workers:int=0, resume:bool=False):
+    "Train `recipe` in its folder `run` and record it; `resume`: the stopped `run` again, `autoresume` continues it"
+    cbs, init = ([CheckpointCB(autoresume=True)], RESUME_INIT) if resume else ((), 0)
+    learn = _learner(recipe, folder/recipe/run, seed, workers, cbs, init)
     _fit(learn)
-    _record(learn, folder, f'{recipe}-{run}')
+    RunRecord.of(learn).save(folder/'records'/f"{recipe}-{run}{'-resumed' if resume else ''}.pt")
 
 def _stop(folder:Path, recipe:str, stop:str):
     "Train `recipe` until SIGTERM at `stop`: the checkpoint CheckpointCB wrote, where it should have been"
@@ -161,12 +160,6 @@ def _stop(folder:Path, recipe:str, stop:str):
     return dict(status=status, want=[1, 0 if stop == 'boundary' else n//2],
                 got=[info.get('start_epoch'), info.get('batch')])
 
-def _resume(folder:Path, recipe:str, stop:str):
-    "Run the stopped `recipe` again in its folder: `autoresume` continues it from its checkpoint"
-    learn = _learner(recipe, folder/recipe/stop, cbs=[CheckpointCB(autoresume=True)], init=RESUME_INIT)
-    _fit(learn)
-    _record(learn, folder, f'{recipe}-{stop}-resumed')
-
 def _stops(recipe:str) -> tuple: return STOPS if recipe in LOADERS else ('middle',)
 
 def _stage_train(folder:Path, log:dict):
@@ -179,7 +172,7 @@ def _stage_train(folder:Path, log:dict):
 def _stage_resume(folder:Path, log:dict):
     "The second process: the stopped runs continued, the same seed again, and the run with DataLoader workers"
     for r in LOADERS + MIXED:
-        for stop in _stops(r): _step(log, f'{r}-{stop}-resumed', _resume, folder, r, stop)
+        for stop in _stops(r): _step(log, f'{r}-{stop}-resumed', _train, folder, r, stop, resume=True)
     for r in LOADERS: _step(log, f'{r}-again', _train, folder, r, 'again')
     _step(log, 'tfmd-workers', _train, folder, 'tfmd', 'workers', workers=WORKERS)
 
@@ -241,18 +234,13 @@ def _cuda_checks() -> list:
                          ('failed', f"audit_model raised: {caught}; fix_rnn_dropout left none: {fixed}")))]
 
 # %% ../../nbs/check/05_proof.ipynb #5b6a9469
-def _version(pkg:str) -> str:
-    try: return metadata.version(pkg)
-    except metadata.PackageNotFoundError: return 'not installed'
-
 def stack() -> dict:
-    "What this process runs on: versions, CPU, device, kernel mode"
-    dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'CPU only'
-    return dict(fastrepro=fastrepro.__version__, fastai=_version('fastai'), fastcore=_version('fastcore'),
-                torch=torch.__version__, numpy=np.__version__, python=platform.python_version(),
-                cpu=cpuinfo('model name') or platform.processor() or platform.machine(), cores=os.cpu_count(),
-                device=dev, kernels=(f"ATen {aten_capability()}, MKL CNR {mkl_cbwr() or 'n/a'}, "
-                                     f"{torch.get_num_threads()} torch thread(s)"))
+    "What this process runs on: versions, CPU, device, kernel mode (from its `environment_info()`)"
+    env = environment_info()
+    kernels = f"ATen {env['cpu_kernels']['aten']}, MKL CNR {env['cpu_kernels']['mkl_cbwr'] or 'n/a'}"
+    return dict({k: env[k] for k in ('fastrepro', 'fastai', 'fastcore', 'torch', 'numpy', 'python', 'cpu')},
+                cores=os.cpu_count(), device=(env['gpus'] or ['CPU only'])[0],
+                kernels=f"{kernels}, {env['num_threads']} torch thread(s)")
 
 def _generators_problem() -> str|None:
     "Why this process has no CPU generator to seed and restore, or None"

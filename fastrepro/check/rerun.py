@@ -17,6 +17,7 @@ from ..record.entry import ENTRY_ENV, write_cells, _command
 from .rebuild import ReproduceError, EXIT_REPRODUCED, code_worktree, _interruptible
 from .localise import StepEvent, localise
 from .where import WhereCB, WHERE_NAME, env_settings, env_side, unplayable, kernel_env, KERNEL_VARS
+from .where import step_iteration
 
 # %% auto #0
 __all__ = ['PROBE_TIMEOUT_S', 'THREAD_VARS', 'RUNNER', 'KILL_GRACE_S', 'LOG_TAIL_LINES', 'REPLAY_NOTEBOOK', 'REPLAY',
@@ -267,10 +268,7 @@ class SideRuns:
     def __init__(self, run:WhereRun, target:dict, settings:tuple, kernels:tuple): # two sides' settings and variables
         store_attr(); self.ran, self.starts = [None, None], [None, None]  # each side's kernels and steps' first events
 
-    def iteration(self, key:tuple) -> int:
-        "The iteration of side A's event `key`"
-        k = next(i for i, e in enumerate(self.events) if e.key == key)
-        return [it for first, it in self.starts[0] if first <= k][-1]
+    def iteration(self, key:tuple) -> int: return step_iteration(self.events, self.starts[0], key)  # side A's event
 
     def __call__(self, i:int, probe):
         t = dict(self.target, side=self.settings[i], other=self.settings[1 - i], keep=probe.keep, ops_at=probe.ops_at)

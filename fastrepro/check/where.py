@@ -24,7 +24,7 @@ from .localise import threads, switches, combine, HYPERS_HINT, AUDIT_HINT
 
 # %% auto #0
 __all__ = ['KERNEL_VARS', 'WHERE_NAME', 'NOT_RECORDED_HINT', 'env_settings', 'unplayable', 'kernel_env', 'env_side', 'WhereCB',
-           'ResumedRuns', 'processes_differ', 'where_runs_part']
+           'step_iteration', 'ResumedRuns', 'processes_differ', 'where_runs_part']
 
 # %% ../../nbs/check/07_where.ipynb #730f9b2e
 def env_settings(env:dict, # an `environment_info` (recorded, or a re-run's)
@@ -145,9 +145,10 @@ class _ProbeFrom(Callback):
         self.probe.__exit__(); self.learn.remove_cb(self.probe); self.active, self.done = False, True
         raise CancelFitException()
 
-    def iteration(self, k:int) -> int:
-        "The iteration of event `k`"
-        return [it for start, it in self.starts if start <= k][-1]
+def step_iteration(events, starts:list, key:tuple) -> int:
+    "The iteration of the step that holds event `key` of `events`; `starts`: each step's (first event, iteration)"
+    k = next(i for i, e in enumerate(events) if e.key == key)
+    return [it for first, it in starts if first <= k][-1]
 
 # %% ../../nbs/check/07_where.ipynb #c12f890b
 class ResumedRuns:
@@ -210,7 +211,7 @@ def where_runs_part(make_learner, # `make_learner()` builds the runs' learner (w
     if res.same:  # the traces part, the replay does not: what parts them is the processes, not the step's settings
         res.parted, res.hint = f"at fit {d.fit}, iteration {d.iter}", processes_differ(a, b)
         return res
-    k = next(i for i, e in enumerate(run.probes[0].probe.events) if e.key == res.event.key)
-    res.where = f"at fit {d.fit}, iteration {run.probes[0].iteration(k)}"
+    at = run.probes[0]
+    res.where = f"at fit {d.fit}, iteration {step_iteration(at.probe.events, at.starts, res.event.key)}"
     res.hint = HYPERS_HINT if res.event.pass_ == 'step' else AUDIT_HINT
     return res

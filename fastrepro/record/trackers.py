@@ -13,9 +13,9 @@ from fastai.callback.fp16 import MixedPrecision
 from ..state.core import *
 
 # %% auto #0
-__all__ = ['PREFIX', 'FILE_CHUNK', 'TRACKER_TIMEOUT_S', 'TB_MODULE', 'WANDB_MODULE', 'TRACKERS', 'attached_cb', 'env_summary',
-           'entry_text', 'tracker_provenance', 'file_digest', 'step_values', 'CSVHistory', 'TensorBoardRun', 'WandbRun',
-           'MlflowRun', 'FitTrackers', 'note_runs']
+__all__ = ['PREFIX', 'FILE_CHUNK', 'TRACKER_TIMEOUT_S', 'TRACKERS', 'attached_cb', 'env_summary', 'entry_text',
+           'tracker_provenance', 'file_digest', 'step_values', 'CSVHistory', 'TensorBoardRun', 'WandbRun', 'MlflowRun',
+           'FitTrackers', 'note_runs']
 
 # %% ../../nbs/record/04_trackers.ipynb #7329cbde
 PREFIX = 'fastrepro'    # what fastrepro writes into a tracker's run is named under it: tags, keys, files
@@ -23,7 +23,6 @@ FILE_CHUNK = 1 << 20    # bytes read at a time for a checkpoint's digest
 # a verdict logged after the fit (`note_runs`) waits this long for a tracker's server: one that does not answer is
 # reported in a line, not waited for (W&B's `init_timeout` is 90 s, MLflow retries a request for minutes)
 TRACKER_TIMEOUT_S = 20
-TB_MODULE, WANDB_MODULE = 'fastai.callback.tensorboard', 'fastai.callback.wandb'  # fastai's; they import the trackers
 
 def attached_cb(learn:Learner, module:str, name:str) -> Callback|None:
     "The callback of class `module.name` attached to `learn`, if this process imported the module (never imports it)"
@@ -71,7 +70,7 @@ def step_values(learn:Learner) -> dict:
 # %% ../../nbs/record/04_trackers.ipynb #f665676a
 class _Tracker:
     "A tracker's steps, by default: `find` fastai's callback `cb_class` in the fit; the others do nothing"
-    kind, cb_class = None, None  # its name in a checkpoint's trackers; (module, class) of fastai's callback for it
+    kind, cb_class, run_key = None, None, None  # its name in checkpoints; fastai's (module, class); its run's key
     @classmethod
     def find(cls, learn:Learner, saved:dict|None):
         cb = attached_cb(learn, *cls.cb_class)
@@ -128,7 +127,7 @@ class _StepWriter:
 
 class TensorBoardRun(_Tracker):
     "fastai's `TensorBoardCallback`: provenance as text, the loss scale as scalars; a resume purges from its step"
-    kind, cb_class = 'tensorboard', (TB_MODULE, 'TensorBoardCallback')
+    kind, cb_class, run_key = 'tensorboard', ('fastai.callback.tensorboard', 'TensorBoardCallback'), 'log_dir'
     def __init__(self, cb, saved:dict|None):
         self.cb, self.saved, self.writer, self._last, self.info, self.patch = cb, saved, None, saved, None, None
         if saved is not None and cb.log_dir is None: cb.log_dir = saved['log_dir']
@@ -187,7 +186,7 @@ class TensorBoardRun(_Tracker):
 # %% ../../nbs/record/04_trackers.ipynb #1650f0fd
 class WandbRun(_Tracker):
     "fastai's `WandbCallback`: provenance in config and summary, the patch as an artifact, the loss scale per step"
-    kind, cb_class = 'wandb', (WANDB_MODULE, 'WandbCallback')
+    kind, cb_class, run_key = 'wandb', ('fastai.callback.wandb', 'WandbCallback'), 'id'
     def __init__(self, cb, saved:dict|None):
         self.cb, self.saved, self.wandb, self._last = cb, saved, sys.modules['wandb'], saved
         if saved is not None and self.wandb.run is not None and self.wandb.run.id != saved['id']: self._continue()
@@ -245,7 +244,7 @@ class WandbRun(_Tracker):
 # %% ../../nbs/record/04_trackers.ipynb #0f760f94
 class MlflowRun(_Tracker):
     "The active MLflow run: provenance as tags and artifacts, the loss scale as metrics, no step logged twice"
-    kind = 'mlflow'
+    kind, run_key = 'mlflow', 'run_id'
     def __init__(self, saved:dict|None):
         self.mlflow, self.saved, self.opened = sys.modules['mlflow'], saved, False
         active = self.mlflow.active_run()
@@ -416,10 +415,9 @@ def note_runs(saved:dict|None, # the trackers' state of a checkpoint (`checkpoin
         except Exception as e:  # never fail the caller (a reproduce, a comparison) because of a tracker
             why = (f"the tracker cannot be imported here ({_first_line(e)})" if isinstance(e, ImportError)
                    else _first_line(e))
-            lines.append(f"not logged in the {cls.kind} run {_saved_run(cls.kind, st)}: {why}")
+            lines.append(f"not logged in the {cls.kind} run {st[cls.run_key]}: {why}")
         else:
             if where is not None: lines.append(f"logged in the {cls.kind} run {where}")
     return lines
 
-def _saved_run(kind:str, st:dict) -> str: return st[{'tensorboard': 'log_dir', 'wandb': 'id', 'mlflow': 'run_id'}[kind]]
 def _first_line(e) -> str: return (str(e).strip().splitlines() or [type(e).__name__])[0]
