@@ -44,10 +44,12 @@ def states_digest(o) -> str|None:
     _walk(o, '')
     return digest([state_digest(tensors), sorted(plain.items())], None)
 
-def checkpoint_digests(path) -> dict:
-    ("Where the checkpoint at `path` was written (`POSITION_KEYS`, model signature, run seed) and the digests of its "
-     "weights, optimizer state and generator states (None: none saved; at an epoch's start they derive from the seed)")
-    model, opt, extra = split_state(read_checkpoint(path, mmap=True))
+def checkpoint_digests(checkpoint, # a checkpoint's path, or the state `save_checkpoint` wrote to it
+                      ) -> dict:
+    ("Where `checkpoint` was written (`POSITION_KEYS`, model signature, run seed) and the digests of its weights, "
+     "optimizer state and generator states (None: none saved; at an epoch's start they derive from the seed)")
+    state = checkpoint if isinstance(checkpoint, dict) else read_checkpoint(checkpoint, mmap=True)
+    model, opt, extra = split_state(state)
     repro = extra['callbacks']['repro_cb']
     pos = repro['position']
     return dict(fit=pos['fit'], epoch=pos['epoch'], batch=pos['batch'], iteration=pos['train_iter'],
