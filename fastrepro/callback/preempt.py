@@ -11,7 +11,7 @@ from fastai.basics import *
 from ..state.core import *
 from ..state.distrib import any_rank
 from ..checkpoint.file import checkpoint_info, ResumeError, CheckpointWriteError, model_signature
-from ..checkpoint.file import CheckpointError, DamagedCheckpointError, Checkpoint, load_device, save_checkpoint
+from ..checkpoint.file import CheckpointError, DamagedCheckpointError, Checkpoint, save_checkpoint
 from ..checkpoint.files import CheckpointFiles, link, DAMAGED_SUFFIX
 from ..checkpoint.manifest import checkpoint_digests, add_to_manifest
 from ..checkpoint.resume import inside_problem, run_identity, run_difference, fit_schedule
@@ -38,14 +38,6 @@ def _tell(msg:str, **kwargs):
     if rank_distrib() == 0: print(msg, **kwargs)
 
 # %% ../../nbs/callback/03_preempt.ipynb #01ea962e
-def _record(path:Path, state:dict):
-    "Add the checkpoint `state` just written at `path` to the manifest beside it; a manifest the disk refuses is said"
-    try: add_to_manifest(path, checkpoint_digests(state))
-    except OSError as e:
-        warnings.warn(f"CheckpointCB: the digests of {path} could not be added to {CheckpointFiles(path).manifest} "
-                      f"({e}); the "
-                      "checkpoint itself is written. `reproduce_segments` cannot end a segment there.")
-
 class CheckpointCB(Callback, ReproEvents):
     "Checkpoints inside epochs (every N iters or T seconds), at SIGTERM/SIGUSR1 before exiting, and rerun-to-continue"
     order = 90  # after the other callbacks' `after_batch` and `after_fit` (Recorder 50, trackers 60-63): a whole state
@@ -120,7 +112,11 @@ class CheckpointCB(Callback, ReproEvents):
             self.files.rotate(self.keep)
         state = save_checkpoint(self.learn, self.fname, with_opt=self.with_opt)
         self._last = time.monotonic()
-        if state is not None: _record(self.path, state)  # rank 0's: the digests of what it wrote, not read back
+        if state is None: return  # the manifest is rank 0's: the digests of the state it wrote, not read back
+        try: add_to_manifest(self.path, checkpoint_digests(state))
+        except OSError as e:
+            warnings.warn(f"CheckpointCB: the digests of {self.path} could not be added to {self.files.manifest} "
+                          f"({e}); the checkpoint itself is written. `reproduce_segments` cannot end a segment there.")
 
     def plan_fit(self, n_epoch:int, start_epoch:int, **fit_call) -> int|None:
         ("Record whose run this fit is; with `autoresume`: skip this fit when an earlier run of it completed it, "
@@ -214,7 +210,7 @@ class Autoresume:
         cb.fit_number = n = next(_script_fits)
         self._lock()
         done = cb.files.fit_end(n)
-        if done.exists(): return self._skip(done, Checkpoint(done, load_device(cb.learn)))
+        if done.exists(): return self._skip(done, Checkpoint(done, cb.learn))
         if not cb.path.exists(): return start_epoch
         ck = self.newest_intact()  # a damaged newest one: the newest intact one kept (`keep`) takes its place
         info = ck.info
@@ -281,7 +277,7 @@ class Autoresume:
          "said and set aside, and the intact one becomes the newest; none intact raises `DamagedCheckpointError`")
         cb, tried = self.cb, []
         for p in [cb.path] + cb.files.older()[:cb.keep - 1]:
-            try: (ck := Checkpoint(p, load_device(cb.learn))).info  # its trace file checked too
+            try: (ck := Checkpoint(p, cb.learn)).info  # its trace file checked too
             except DamagedCheckpointError as e: tried.append(e); continue
             if not tried: return ck
             distrib_barrier()  # every rank has read the files before rank 0 moves them

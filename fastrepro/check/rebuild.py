@@ -37,7 +37,7 @@ def _record(path) -> dict:
                              "an intact checkpoint a fastrepro run wrote.")
     try:
         ck = Checkpoint(path)
-        extra = ck.upgraded[0]
+        extra = ck.extra
         if extra is None or 'repro_cb' not in extra['callbacks']:
             raise ReproduceError(f"{path} is not a fastrepro checkpoint (a plain fastai or torch file, or one saved "
                                  "without ReproCB): it records no code, environment or trace to reproduce. Pass a "

@@ -26,8 +26,8 @@ from .files import TMP_PREFIX
 __all__ = ['FORMAT_VERSION', 'DURABLE', 'BESIDE_BYTES', 'CheckpointError', 'ResumeError', 'atomic_torch_save',
            'CheckpointWriteError', 'write_failure', 'DamagedCheckpointError', 'checked_file', 'fastai_safe_globals',
            'read_checkpoint', 'split_state', 'model_signature', 'check_compatible', 'checkpoint_state',
-           'callback_states', 'to_plain', 'save_checkpoint', 'beside_logs', 'load_device', 'checkpoint_summary',
-           'Checkpoint', 'checkpoint_info', 'checkpoint_upgrade', 'upgrade_state']
+           'callback_states', 'to_plain', 'save_checkpoint', 'beside_logs', 'checkpoint_summary', 'Checkpoint',
+           'checkpoint_info', 'checkpoint_upgrade', 'upgrade_state']
 
 # %% ../../nbs/checkpoint/05_file.ipynb #f299278a
 FORMAT_VERSION = 8            # the checkpoint layout; a change bumps it, and older ones keep loading (`upgrade_state`)
@@ -330,17 +330,16 @@ def _repro_load(fastai_load, clean_keys=noop):
     "Wrap one of fastai's `load` methods: read a fastrepro checkpoint once, check it, load it, hand over its state"
     @delegates(fastai_load)
     def load(self, file, device=None, with_opt=None, strict=True,
-             checkpoint:Checkpoint|None=None, # `file` already read (`Checkpoint(path, load_device(learn))`)
+             checkpoint:Checkpoint|None=None, # `file` already read by a resume (`Checkpoint(file, learn)`)
              **kwargs):
         if not _extends(self):
             _check_plain(join_path_file(file, self.path/self.model_dir, ext='.pth'))
             return fastai_load(self, file, device=device, with_opt=with_opt, strict=strict, **kwargs)
-        device = load_device(self, device)
         if self.opt is None: self.create_opt()
         path = join_path_file(file, self.path/self.model_dir, ext='.pth')
         distrib_barrier()
-        ck = checkpoint or Checkpoint(path, device, weights_only=kwargs.get('weights_only', True))
-        model_state, opt_state, extra = ck.model, ck.opt, ck.stored
+        ck = checkpoint or Checkpoint(path, self, device, weights_only=kwargs.get('weights_only', True))
+        model_state, opt_state, extra, notes = ck.model, ck.opt, ck.extra, ck.notes
         # a plain fastai checkpoint: fastai's own path, then the warning that the resume won't be exact
         if extra is None:
             res = fastai_load(self, file, device=device, with_opt=with_opt, strict=strict, **kwargs)
@@ -348,7 +347,6 @@ def _repro_load(fastai_load, clean_keys=noop):
                                                "state, so a run resumed from it will not be bit-identical to the "
                                                "uninterrupted one.")
             return res
-        extra, notes = upgrade_state(extra, path, self)
         check_compatible(self, extra, path)
         # a reload inside a fit (SaveModelCallback's best model) restores weights, not a resume point
         saved = None if in_fit(self) else _rank_part(extra)
@@ -368,11 +366,6 @@ def _repro_load(fastai_load, clean_keys=noop):
     load.__doc__ = f"{fastai_load.__doc__}; with stateful callbacks attached, also hands them their state"
     return load
 
-def load_device(learn, device=None):
-    "Where `learn.load` puts a checkpoint's tensors: `device` (an int: that GPU), else its DataLoaders' device"
-    if device is None: device = getattr(learn.dls, 'device', None)
-    return torch.device('cuda', device) if isinstance(device, int) else device
-
 for _cls, _clean in ((Learner, noop), (TextLearner, clean_raw_keys)):
     # fastai's own `load` stays `_orig_load` (as `@patch` keeps it), so wrapping again wraps fastai's, not ours
     if '_orig_load' not in vars(_cls): _cls._orig_load = vars(_cls)['load']
@@ -388,29 +381,27 @@ def checkpoint_summary(name:str, # the callback's `name`, under which its state 
     return _register
 
 class Checkpoint:
-    ("A checkpoint read once (`read_checkpoint`): its weights, optimizer state and fastrepro part (`split_state`), "
-     "upgraded and summarised when asked, for whoever needs them next (`learn.load`, `reproduce`)")
+    ("A checkpoint read once (`read_checkpoint`): its weights, optimizer state and fastrepro part (`split_state`) as "
+     "stored and upgraded (`upgrade_state`: `extra`, `notes`), for whoever needs them next (`learn.load`, `reproduce`)")
     def __init__(self, path, # the checkpoint
-                 map_location=None, # where tensors go (None: the CPU)
+                 learn:Learner|None=None, # the learner that loads it; None when it is only read
+                 device=None, # where tensors go (an int: that GPU); None: `learn`'s DataLoaders' device, else the CPU
                  mmap:bool=False, weights_only:bool=True, # as `read_checkpoint` takes them
                 ):
+        if device is None and learn is not None: device = getattr(learn.dls, 'device', None)
+        if isinstance(device, int): device = torch.device('cuda', device)
         self.path = Path(path)
-        self.model, self.opt, self.stored = split_state(read_checkpoint(path, map_location or 'cpu', mmap,
-                                                                        weights_only))
-
-    @functools.cached_property
-    def upgraded(self) -> tuple:
-        "`(fastrepro's part in the current format, notes on what a resume of it lacks)`; `(None, [])` for fastai's"
-        return (None, []) if self.stored is None else upgrade_state(self.stored, self.path)
+        self.model, self.opt, self.stored = split_state(read_checkpoint(path, device or 'cpu', mmap, weights_only))
+        self.extra, self.notes = (None, []) if self.stored is None else upgrade_state(self.stored, path, learn)
 
     @functools.cached_property
     def info(self) -> dict:
         "Its metadata (`checkpoint_info`); a damaged trace file beside it raises `DamagedCheckpointError`"
-        (extra, notes), path = self.upgraded, self.path
+        extra, path = self.extra, self.path
         res = {'fastrepro': extra is not None, 'has_opt': self.opt is not None, 'path': str(path)}
         if extra is None: return res
         # the file's format; an older one is summarised upgraded, with what a resume of it lacks
-        res.update(format=self.stored['format'], upgrade_notes=notes, callbacks=sorted(extra['callbacks']))
+        res.update(format=self.stored['format'], upgrade_notes=self.notes, callbacks=sorted(extra['callbacks']))
         for name, state in extra['callbacks'].items():
             if name in _summaries: res.update(_summaries[name](state))
         parts = [extra['callbacks'], *extra.get('rank_callbacks', [])]
