@@ -32,6 +32,11 @@ __all__ = ['MAX_CANDIDATES', 'STOP_NAME', 'RUN_FIELDS', 'PLACEHOLDER_WT', 'ledge
 # %% ../../nbs/check/04_reproduce.ipynb #a1700046
 MAX_CANDIDATES = 1000  # files read when looking for a ledger run's checkpoint: a project's models, not a data lake
 
+def _ledger_run(ck:Checkpoint) -> str|int|None:
+    ("The ledger record of the fit that wrote checkpoint `ck`: its key (its id in a format-3 checkpoint); None when "
+     "it names none")
+    return None if ck.extra is None else ck.extra['callbacks'].get('repro_cb', {}).get('ledger_run')
+
 def ledger_checkpoint(record:pd.Series, # a row of `Ledger.runs`
                      ) -> Path:
     "The newest checkpoint the fit of ledger run `record` wrote, found under the folder it ran in"
@@ -41,9 +46,7 @@ def ledger_checkpoint(record:pd.Series, # a row of `Ledger.runs`
         if '.git' in f.parts: continue
         try: ck = Checkpoint(f, mmap=True)
         except (CheckpointError, OSError): continue  # not a checkpoint
-        # the ledger record of the fit that wrote it: its key (its id in a format-3 checkpoint)
-        if ck.stored is None or ck.stored['callbacks'].get('repro_cb', {}).get('ledger_run') not in (
-                record.run_key, record.name): continue
+        if _ledger_run(ck) not in (record.run_key, record.name): continue
         info = ck.info
         if (info['git'] or {}).get('commit') == record.commit and info['seed'] == record.seed:
             found.append(((info['start_epoch'], info['batch']), str(f)))
