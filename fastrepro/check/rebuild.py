@@ -37,8 +37,7 @@ def _record(path) -> dict:
                              "an intact checkpoint a fastrepro run wrote.")
     try:
         ck = Checkpoint(path)
-        extra = ck.extra
-        if extra is None or 'repro_cb' not in extra['callbacks']:
+        if ck.extra is None or 'repro_cb' not in ck.extra['callbacks']:
             raise ReproduceError(f"{path} is not a fastrepro checkpoint (a plain fastai or torch file, or one saved "
                                  "without ReproCB): it records no code, environment or trace to reproduce. Pass a "
                                  "checkpoint written by a learner with ReproCB attached.")
@@ -48,9 +47,9 @@ def _record(path) -> dict:
         raise ReproduceError(f"{path} was written outside any git repository (or before its first commit): no commit "
                              "records its code, so it cannot be rebuilt. Reproduce runs started from a committed git "
                              "checkout.")
-    try: repro = whole_state(extra['callbacks']['repro_cb'], path)  # its rows in the trace file beside it too
+    try: repro = whole_state(ck.extra['callbacks']['repro_cb'], path)  # its rows in the trace file beside it too
     except DamagedLogError as e: raise ReproduceError(one_line(e)) from e
-    extra = {**extra, 'callbacks': {**extra['callbacks'], 'repro_cb': repro}}
+    extra = {**ck.extra, 'callbacks': {**ck.extra['callbacks'], 'repro_cb': repro}}
     return dict(path=path, info=info, model=ck.model, opt=ck.opt, extra=extra,
                 trace=trace_frame(compact_of(repro['trace'])))
 
