@@ -271,6 +271,7 @@ def save_checkpoint(learn, # a learner with stateful callbacks
     ("Save `learn` with every stateful callback's state (every rank's), atomically; the state written (what a read "
      "of the file returns), None on the ranks that do not write")
     file = join_path_file(file, learn.path/learn.model_dir, ext='.pth')
+    if rank_distrib() and not distributed(): return None  # a rank with no process group writes nothing, as in fastai
     for write in filter(None, [own_event(cb, 'before_save') for cb in stateful_cbs(learn)]): write(file)
     states, state = gather(callback_states(learn)), None  # in a distributed run, every rank's, on rank 0 (it writes)
     if states is not None:
@@ -286,8 +287,8 @@ def save_checkpoint(learn, # a learner with stateful callbacks
 @delegates(_fastai_save)
 def save(self:Learner, file, **kwargs):
     "fastai's `Learner.save`; with stateful callbacks attached it stores their state (every rank's), atomically"
-    if not _extends(self) or (rank_distrib() and not distributed()): return _fastai_save(self, file, **kwargs)
-    save_checkpoint(self, file, **kwargs)
+    if not _extends(self): return _fastai_save(self, file, **kwargs)
+    save_checkpoint(self, file, kwargs.get('with_opt', True), kwargs.get('pickle_protocol', 2))
     return join_path_file(file, self.path/self.model_dir, ext='.pth')
 
 def _rank_part(extra:dict) -> dict:
