@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import ROOT, hang_limit
 
-from fastrepro.checkpoint.file import checkpoint_info, read_checkpoint, split_state
+from fastrepro.checkpoint.file import checkpoint_info, read_checkpoint, split_state, Checkpoint
 from fastrepro.checkpoint.formats import pack_git
 from fastrepro.state.core import digest
 from fastrepro.cli import main
@@ -116,7 +116,7 @@ def test_reproduced_bit_for_bit_after_the_checkout_moved_on(trained, tmp_path, c
         assert (tmp_path/'out'/f).is_file(), f
     assert 'reproduced bit for bit' in (tmp_path/'out'/'report.md').read_text()
     assert report['ledger_run'] == 3  # the classifier's third fit: its third record, named by its key in the checkpoint
-    assert _ledger_run(ckpt) == Ledger(root/'runs.db').runs(id=3).run_key.iloc[0]
+    assert _ledger_run(Checkpoint(ckpt)) == Ledger(root/'runs.db').runs(id=3).run_key.iloc[0]
     assert main(['runs', '--ledger', str(root/'runs.db')]) == 0  # the verdict beside the run
     line = next(l for l in capsys.readouterr().out.splitlines() if l.split()[0] == '3')
     assert line.endswith(f"reproduced bit for bit (#{report['record']})"), line

@@ -11,7 +11,7 @@ from fastai.basics import *
 from ..state.core import *
 from ..state.distrib import any_rank
 from ..checkpoint.file import checkpoint_info, ResumeError, CheckpointWriteError, model_signature
-from ..checkpoint.file import CheckpointError, DamagedCheckpointError
+from ..checkpoint.file import CheckpointError, DamagedCheckpointError, Checkpoint, save_checkpoint
 from ..checkpoint.files import CheckpointFiles, link, DAMAGED_SUFFIX
 from ..checkpoint.manifest import checkpoint_digests, add_to_manifest
 from ..checkpoint.resume import inside_problem, run_identity, run_difference, fit_schedule
@@ -38,14 +38,6 @@ def _tell(msg:str, **kwargs):
     if rank_distrib() == 0: print(msg, **kwargs)
 
 # %% ../../nbs/callback/03_preempt.ipynb #01ea962e
-def _record(path:Path):
-    "Add the checkpoint just written at `path` to the manifest beside it; a manifest the disk refuses is said"
-    try: add_to_manifest(path, checkpoint_digests(path))
-    except OSError as e:
-        warnings.warn(f"CheckpointCB: the digests of {path} could not be added to {CheckpointFiles(path).manifest} "
-                      f"({e}); the "
-                      "checkpoint itself is written. `reproduce_segments` cannot end a segment there.")
-
 class CheckpointCB(Callback, ReproEvents):
     "Checkpoints inside epochs (every N iters or T seconds), at SIGTERM/SIGUSR1 before exiting, and rerun-to-continue"
     order = 90  # after the other callbacks' `after_batch` and `after_fit` (Recorder 50, trackers 60-63): a whole state
@@ -118,9 +110,13 @@ class CheckpointCB(Callback, ReproEvents):
         # after a failed save the newest is also `.1` already: rotating again would push out an older one
         if self.keep > 1 and rank_distrib() == 0 and self.path.exists() and self.failing is None:
             self.files.rotate(self.keep)
-        self.learn.save(self.fname, with_opt=self.with_opt)
+        state = save_checkpoint(self.learn, self.fname, with_opt=self.with_opt)
         self._last = time.monotonic()
-        if rank_distrib() == 0: _record(self.path)
+        if state is None: return  # the manifest is rank 0's: the digests of the state it wrote, not read back
+        try: add_to_manifest(self.path, checkpoint_digests(state))
+        except OSError as e:
+            warnings.warn(f"CheckpointCB: the digests of {self.path} could not be added to {self.files.manifest} "
+                          f"({e}); the checkpoint itself is written. `reproduce_segments` cannot end a segment there.")
 
     def plan_fit(self, n_epoch:int, start_epoch:int, **fit_call) -> int|None:
         ("Record whose run this fit is; with `autoresume`: skip this fit when an earlier run of it completed it, "
@@ -214,27 +210,28 @@ class Autoresume:
         cb.fit_number = n = next(_script_fits)
         self._lock()
         done = cb.files.fit_end(n)
-        if done.exists(): return self._skip(done, checkpoint_info(done))
+        if done.exists(): return self._skip(done, Checkpoint(done, cb.learn))
         if not cb.path.exists(): return start_epoch
-        info = self.newest_intact()  # a damaged newest one: the newest intact one kept (`keep`) takes its place
+        ck = self.newest_intact()  # a damaged newest one: the newest intact one kept (`keep`) takes its place
+        info = ck.info
         if info.get('fit_number') != n:
             if (info.get('fit_number') or -1) > n:
                 raise ResumeError(f"{cb.path} was written by fit {info['fit_number']} of an earlier run, "
                                   f"but the end state of fit {n} ({done.name}) is missing, so this fit cannot be "
                                   f"skipped. Delete the checkpoints in {cb.path.parent} to start over.")
             return start_epoch  # this fit had not written a checkpoint yet
-        if info['fit_ended']: return self._skip(cb.path, info)  # stopped before its end state had its name
+        if info['fit_ended']: return self._skip(cb.path, ck)  # stopped before its end state had its name
         self._check(info)
-        cb.learn.load(cb.fname, with_opt=cb.with_opt)
+        cb.learn.load(cb.fname, with_opt=cb.with_opt, checkpoint=ck)
         _tell(f"fastrepro: fit {n} continues where an earlier run stopped it: epoch {info['start_epoch']}, "
               f"after {info['batch']} batch(es), from {cb.path}.")
         return info['start_epoch']
 
-    def _skip(self, file:Path, info:dict) -> None:
-        "Skip this fit, which an earlier run completed: load its end state from `file`, as the fit left it"
-        cb = self.cb
+    def _skip(self, file:Path, ck:Checkpoint) -> None:
+        "Skip this fit, which an earlier run completed: load its end state from `file` (read: `ck`), as the fit left it"
+        cb, info = self.cb, ck.info
         self._check(info)
-        cb.learn.load(file.stem, with_opt=cb.with_opt)
+        cb.learn.load(file.stem, with_opt=cb.with_opt, checkpoint=ck)
         cb.learn.repro_cb.end_loaded_fit(file)
         done = cb.files.fit_end(cb.fit_number)
         if file != done and rank_distrib() == 0: link(file, done)
@@ -275,15 +272,14 @@ class Autoresume:
         return (f"The newest usable checkpoint is {cb.path} (epoch {info['start_epoch']}, after {info['batch']} "
                 "batches): run the script again to continue from it.")
 
-    def newest_intact(self) -> dict:
-        ("`checkpoint_info` of the newest intact checkpoint among the newest and the `keep - 1` older ones: damaged "
-         "newer ones are said and set aside, and the intact one becomes the newest; none intact raises "
-         "`DamagedCheckpointError`")
+    def newest_intact(self) -> Checkpoint:
+        ("The newest intact checkpoint among the newest and the `keep - 1` older ones, read: damaged newer ones are "
+         "said and set aside, and the intact one becomes the newest; none intact raises `DamagedCheckpointError`")
         cb, tried = self.cb, []
         for p in [cb.path] + cb.files.older()[:cb.keep - 1]:
-            try: info = checkpoint_info(p)
+            try: (ck := Checkpoint(p, cb.learn)).info  # its trace file checked too
             except DamagedCheckpointError as e: tried.append(e); continue
-            if not tried: return info
+            if not tried: return ck
             distrib_barrier()  # every rank has read the files before rank 0 moves them
             if rank_distrib() == 0:
                 for e in tried: os.replace(e.path, CheckpointFiles.damaged(e.path))
@@ -292,7 +288,8 @@ class Autoresume:
             skipped = '; '.join(f"{e.path.name} ({e.why})" for e in tried)
             _tell(f"fastrepro: skipped the damaged {skipped}: its bytes changed after they were written; set aside "
                   f"as *{DAMAGED_SUFFIX}. Fit {cb.fit_number} continues from {p.name}, the newest intact checkpoint.")
-            return {**info, 'path': str(cb.path)}
+            ck.info['path'] = str(cb.path)  # its name now
+            return ck
         older = (f"CheckpointCB(keep={cb.keep}) kept no older one" if cb.keep == 1 else
                  f"the older ones CheckpointCB(keep={cb.keep}) kept are damaged or missing")
         raise DamagedCheckpointError(f"No intact checkpoint to continue fit {cb.fit_number} from: tried "

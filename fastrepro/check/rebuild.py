@@ -9,7 +9,7 @@ from __future__ import annotations
 import os, shutil, signal, zipfile, tempfile, threading, subprocess, contextlib
 from pathlib import Path
 from ..state.core import digest
-from ..checkpoint.file import CheckpointError, read_checkpoint, split_state, upgrade_state, checkpoint_info
+from ..checkpoint.file import CheckpointError, Checkpoint
 from ..record.provenance import git_info
 from ..record.trace import whole_state, compact_of, trace_frame
 from ..checkpoint.trace_file import DamagedLogError
@@ -35,23 +35,23 @@ def _record(path) -> dict:
     if not zipfile.is_zipfile(path):
         raise ReproduceError(f"{path} is not a checkpoint: truncated, corrupt or another kind of file. Reproduce from "
                              "an intact checkpoint a fastrepro run wrote.")
-    try: model, opt, extra = split_state(read_checkpoint(path))
-    except CheckpointError as e: raise ReproduceError(one_line(e)) from e
-    if extra is None or 'repro_cb' not in upgrade_state(extra, path)[0]['callbacks']:
-        raise ReproduceError(f"{path} is not a fastrepro checkpoint (a plain fastai or torch file, or one saved "
-                             "without ReproCB): it records no code, environment or trace to reproduce. Pass a "
-                             "checkpoint written by a learner with ReproCB attached.")
-    try: info = checkpoint_info(path)  # a damaged trace file beside it is refused here
+    try:
+        ck = Checkpoint(path)
+        if ck.extra is None or 'repro_cb' not in ck.extra['callbacks']:
+            raise ReproduceError(f"{path} is not a fastrepro checkpoint (a plain fastai or torch file, or one saved "
+                                 "without ReproCB): it records no code, environment or trace to reproduce. Pass a "
+                                 "checkpoint written by a learner with ReproCB attached.")
+        info = ck.info  # a damaged trace file beside it is refused here
     except CheckpointError as e: raise ReproduceError(one_line(e)) from e
     if not (info['git'] or {}).get('commit'):
         raise ReproduceError(f"{path} was written outside any git repository (or before its first commit): no commit "
                              "records its code, so it cannot be rebuilt. Reproduce runs started from a committed git "
                              "checkout.")
-    extra = upgrade_state(extra, path)[0]
-    try: repro = whole_state(extra['callbacks']['repro_cb'], path)  # its rows in the trace file beside it too
+    try: repro = whole_state(ck.extra['callbacks']['repro_cb'], path)  # its rows in the trace file beside it too
     except DamagedLogError as e: raise ReproduceError(one_line(e)) from e
-    extra = {**extra, 'callbacks': {**extra['callbacks'], 'repro_cb': repro}}
-    return dict(path=path, info=info, model=model, opt=opt, extra=extra, trace=trace_frame(compact_of(repro['trace'])))
+    extra = {**ck.extra, 'callbacks': {**ck.extra['callbacks'], 'repro_cb': repro}}
+    return dict(path=path, info=info, model=ck.model, opt=ck.opt, extra=extra,
+                trace=trace_frame(compact_of(repro['trace'])))
 
 def _git(cwd, *args, input:bytes|None=None, check:bool=True) -> subprocess.CompletedProcess:
     "`git args` in `cwd`, without the repository's hooks, bounded by `GIT_TIMEOUT_S`"

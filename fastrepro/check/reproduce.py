@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys, json, time, shutil, posixpath, itertools
 from pathlib import Path, PurePosixPath
 import pandas as pd
-from ..checkpoint.file import CheckpointError, read_checkpoint, split_state, checkpoint_info
+from ..checkpoint.file import CheckpointError, Checkpoint, checkpoint_info
 from ..checkpoint.files import CheckpointFiles
 from ..record.divergence import BEFORE_TRAINING, unseen_rows
 from ..experiments.store import LedgerError, REPRODUCTION, one_line
@@ -32,12 +32,10 @@ __all__ = ['MAX_CANDIDATES', 'STOP_NAME', 'RUN_FIELDS', 'PLACEHOLDER_WT', 'ledge
 # %% ../../nbs/check/04_reproduce.ipynb #a1700046
 MAX_CANDIDATES = 1000  # files read when looking for a ledger run's checkpoint: a project's models, not a data lake
 
-def _ledger_run(path:Path) -> str|int|None:
-    ("The ledger record of the fit that wrote checkpoint `path`: its key (its id in a format-3 checkpoint); None "
-     "when it names none or is not a checkpoint")
-    try: extra = split_state(read_checkpoint(path, mmap=True))[2]
-    except (CheckpointError, OSError): return None
-    return None if extra is None else extra['callbacks'].get('repro_cb', {}).get('ledger_run')
+def _ledger_run(ck:Checkpoint) -> str|int|None:
+    ("The ledger record of the fit that wrote checkpoint `ck`: its key (its id in a format-3 checkpoint); None when "
+     "it names none")
+    return None if ck.extra is None else ck.extra['callbacks'].get('repro_cb', {}).get('ledger_run')
 
 def ledger_checkpoint(record:pd.Series, # a row of `Ledger.runs`
                      ) -> Path:
@@ -45,8 +43,11 @@ def ledger_checkpoint(record:pd.Series, # a row of `Ledger.runs`
     where = Path((record.git or {}).get('root') or '.')/((record.entry or {}).get('cwd') or '.')
     found = []
     for f in itertools.islice(where.rglob('*.pth'), MAX_CANDIDATES):
-        if '.git' in f.parts or _ledger_run(f) not in (record.run_key, record.name): continue
-        info = checkpoint_info(f)
+        if '.git' in f.parts: continue
+        try: ck = Checkpoint(f, mmap=True)
+        except (CheckpointError, OSError): continue  # not a checkpoint
+        if _ledger_run(ck) not in (record.run_key, record.name): continue
+        info = ck.info
         if (info['git'] or {}).get('commit') == record.commit and info['seed'] == record.seed:
             found.append(((info['start_epoch'], info['batch']), str(f)))
     if not found:
@@ -365,10 +366,9 @@ def segment_plan(checkpoint, # the newest checkpoint `CheckpointCB` wrote (`{fna
      "`checkpoint` (`{fname}.N.pth`, autoresume's `{fname}-fitN.pth`) to the next one its manifest recorded; `end` "
      "is that checkpoint's file where it is kept (`entry` None), else `checkpoint` with `entry` its manifest line")
     p, files = Path(checkpoint), CheckpointFiles(checkpoint)
-    run, kept = _run_key(checkpoint_info(p)), {}
-    for f in [*files.older()[::-1], p, *files.fit_ends()]:
-        info = checkpoint_info(f)
-        if _run_key(info) == run: kept[info['fit_idx'], info['start_epoch'], info['batch']] = f
+    infos = {f: checkpoint_info(f) for f in [*files.older()[::-1], p, *files.fit_ends()]}
+    kept = {(i['fit_idx'], i['start_epoch'], i['batch']): f for f, i in infos.items()
+            if _run_key(i) == _run_key(infos[p])}
     ends = sorted({**{manifest_key(e): (p, e) for e in read_manifest(p)}, **{k: (f, None) for k, f in kept.items()}}
                   .items())
     starts = [((-1,), None), *sorted(kept.items())]  # (-1,): before every checkpoint

@@ -26,8 +26,8 @@ from .files import TMP_PREFIX
 __all__ = ['FORMAT_VERSION', 'DURABLE', 'BESIDE_BYTES', 'CheckpointError', 'ResumeError', 'atomic_torch_save',
            'CheckpointWriteError', 'write_failure', 'DamagedCheckpointError', 'checked_file', 'fastai_safe_globals',
            'read_checkpoint', 'split_state', 'model_signature', 'check_compatible', 'checkpoint_state',
-           'callback_states', 'to_plain', 'beside_logs', 'checkpoint_summary', 'checkpoint_info', 'checkpoint_upgrade',
-           'upgrade_state']
+           'callback_states', 'to_plain', 'save_checkpoint', 'beside_logs', 'checkpoint_summary', 'Checkpoint',
+           'checkpoint_info', 'checkpoint_upgrade', 'upgrade_state']
 
 # %% ../../nbs/checkpoint/05_file.ipynb #f299278a
 FORMAT_VERSION = 8            # the checkpoint layout; a change bumps it, and older ones keep loading (`upgrade_state`)
@@ -264,22 +264,32 @@ def _extends(learn) -> bool: return bool(stateful_cbs(learn)) and not in_lr_find
 
 _fastai_save = getattr(Learner, '_orig_save', Learner.save)  # fastai's own, also when this cell runs again
 
+def save_checkpoint(learn, # a learner with stateful callbacks
+                    file, # the name, in `learn.path/learn.model_dir`, as `learn.save` takes it
+                    with_opt:bool=True, pickle_protocol:int=2, # as `learn.save` takes them
+                   ) -> dict|None:
+    ("Save `learn` with every stateful callback's state (every rank's), atomically; the state written (what a read "
+     "of the file returns), None on the ranks that do not write")
+    file = join_path_file(file, learn.path/learn.model_dir, ext='.pth')
+    if rank_distrib() and not distributed(): return None  # a rank with no process group writes nothing, as in fastai
+    for write in filter(None, [own_event(cb, 'before_save') for cb in stateful_cbs(learn)]): write(file)
+    states, state = gather(callback_states(learn)), None  # in a distributed run, every rank's, on rank 0 (it writes)
+    if states is not None:
+        opt = getattr(learn, 'opt', None)
+        opt_state = opt.state_dict() if with_opt and opt is not None else {}
+        state = {'model': get_model(learn.model).state_dict(),
+                 'opt': {**opt_state, STATE_KEY: checkpoint_state(learn, states)}}
+        atomic_torch_save(state, file, pickle_protocol=pickle_protocol)
+    distrib_barrier()  # the other ranks return once the file is complete (fastai's `save_model` does not wait)
+    return state
+
 @patch
 @delegates(_fastai_save)
 def save(self:Learner, file, **kwargs):
     "fastai's `Learner.save`; with stateful callbacks attached it stores their state (every rank's), atomically"
-    if not _extends(self) or (rank_distrib() and not distributed()): return _fastai_save(self, file, **kwargs)
-    file = join_path_file(file, self.path/self.model_dir, ext='.pth')
-    for write in filter(None, [own_event(cb, 'before_save') for cb in stateful_cbs(self)]): write(file)
-    states = gather(callback_states(self))  # in a distributed run, every rank's, on rank 0 (which alone writes)
-    if states is not None:
-        opt = getattr(self, 'opt', None)
-        opt_state = opt.state_dict() if kwargs.get('with_opt', True) and opt is not None else {}
-        state = {'model': get_model(self.model).state_dict(),
-                 'opt': {**opt_state, STATE_KEY: checkpoint_state(self, states)}}
-        atomic_torch_save(state, file, pickle_protocol=kwargs.get('pickle_protocol', 2))
-    distrib_barrier()  # the other ranks return once the file is complete (fastai's `save_model` does not wait)
-    return file
+    if not _extends(self): return _fastai_save(self, file, **kwargs)
+    save_checkpoint(self, file, kwargs.get('with_opt', True), kwargs.get('pickle_protocol', 2))
+    return join_path_file(file, self.path/self.model_dir, ext='.pth')
 
 def _rank_part(extra:dict) -> dict:
     "This process's part of the callbacks' states `extra` holds (see `ReproCB`): its rank's, else rank 0's"
@@ -320,17 +330,17 @@ def _hand_over(learn, saved, file, notes, logs):
 def _repro_load(fastai_load, clean_keys=noop):
     "Wrap one of fastai's `load` methods: read a fastrepro checkpoint once, check it, load it, hand over its state"
     @delegates(fastai_load)
-    def load(self, file, device=None, with_opt=None, strict=True, **kwargs):
+    def load(self, file, device=None, with_opt=None, strict=True,
+             checkpoint:Checkpoint|None=None, # `file` already read by a resume (`Checkpoint(file, learn)`)
+             **kwargs):
         if not _extends(self):
             _check_plain(join_path_file(file, self.path/self.model_dir, ext='.pth'))
             return fastai_load(self, file, device=device, with_opt=with_opt, strict=strict, **kwargs)
-        if device is None and hasattr(self.dls, 'device'): device = self.dls.device
-        if isinstance(device, int): device = torch.device('cuda', device)
         if self.opt is None: self.create_opt()
         path = join_path_file(file, self.path/self.model_dir, ext='.pth')
         distrib_barrier()
-        model_state, opt_state, extra = split_state(read_checkpoint(path, map_location=device or 'cpu',
-                                                                    weights_only=kwargs.get('weights_only', True)))
+        ck = checkpoint or Checkpoint(path, self, device, weights_only=kwargs.get('weights_only', True))
+        model_state, opt_state, extra, notes = ck.model, ck.opt, ck.extra, ck.notes
         # a plain fastai checkpoint: fastai's own path, then the warning that the resume won't be exact
         if extra is None:
             res = fastai_load(self, file, device=device, with_opt=with_opt, strict=strict, **kwargs)
@@ -338,7 +348,6 @@ def _repro_load(fastai_load, clean_keys=noop):
                                                "state, so a run resumed from it will not be bit-identical to the "
                                                "uninterrupted one.")
             return res
-        extra, notes = upgrade_state(extra, path, self)
         check_compatible(self, extra, path)
         # a reload inside a fit (SaveModelCallback's best model) restores weights, not a resume point
         saved = None if in_fit(self) else _rank_part(extra)
@@ -372,22 +381,40 @@ def checkpoint_summary(name:str, # the callback's `name`, under which its state 
     def _register(f): _summaries[name] = f; return f
     return _register
 
+class Checkpoint:
+    ("A checkpoint read once (`read_checkpoint`): its weights, optimizer state and fastrepro part (`split_state`) as "
+     "stored and upgraded (`upgrade_state`: `extra`, `notes`), for whoever needs them next (`learn.load`, `reproduce`)")
+    def __init__(self, path, # the checkpoint
+                 learn:Learner|None=None, # the learner that loads it; None when it is only read
+                 device=None, # where tensors go (an int: that GPU); None: `learn`'s DataLoaders' device, else the CPU
+                 mmap:bool=False, weights_only:bool=True, # as `read_checkpoint` takes them
+                ):
+        if device is None and learn is not None: device = getattr(learn.dls, 'device', None)
+        if isinstance(device, int): device = torch.device('cuda', device)
+        self.path = Path(path)
+        self.model, self.opt, self.stored = split_state(read_checkpoint(path, device or 'cpu', mmap, weights_only))
+        self.extra, self.notes = (None, []) if self.stored is None else upgrade_state(self.stored, path, learn)
+
+    @functools.cached_property
+    def info(self) -> dict:
+        "Its metadata (`checkpoint_info`); a damaged trace file beside it raises `DamagedCheckpointError`"
+        extra, path = self.extra, self.path
+        res = {'fastrepro': extra is not None, 'has_opt': self.opt is not None, 'path': str(path)}
+        if extra is None: return res
+        # the file's format; an older one is summarised upgraded, with what a resume of it lacks
+        res.update(format=self.stored['format'], upgrade_notes=self.notes, callbacks=sorted(extra['callbacks']))
+        for name, state in extra['callbacks'].items():
+            if name in _summaries: res.update(_summaries[name](state))
+        parts = [extra['callbacks'], *extra.get('rank_callbacks', [])]
+        logs = [o for part in parts for o in beside_logs(part, path).values()]
+        inside = 'inside' if 'repro_cb' in extra['callbacks'] else None  # format 6, or one that could not be written
+        res['trace_file'] = next((f"missing: {e}" for e in logs if isinstance(e, MissingLogError)),
+                                 'intact' if logs else inside)
+        return res
+
 def checkpoint_info(path) -> dict:
     "A checkpoint's metadata (seed, epoch, iteration, environment, git, ...) without building a learner"
-    _, opt, extra = split_state(read_checkpoint(path, mmap=True))
-    res = {'fastrepro': extra is not None, 'has_opt': opt is not None, 'path': str(path)}
-    if extra is None: return res
-    res['format'] = extra['format']  # the file's; an older one is summarised upgraded, with what a resume of it lacks
-    extra, res['upgrade_notes'] = upgrade_state(extra, path)
-    res['callbacks'] = sorted(extra['callbacks'])
-    for name, state in extra['callbacks'].items():
-        if name in _summaries: res.update(_summaries[name](state))
-    parts = [extra['callbacks'], *extra.get('rank_callbacks', [])]
-    logs = [o for part in parts for o in beside_logs(part, path).values()]
-    inside = 'inside' if 'repro_cb' in extra['callbacks'] else None  # format 6, or a file that could not be written
-    res['trace_file'] = next((f"missing: {e}" for e in logs if isinstance(e, MissingLogError)),
-                             'intact' if logs else inside)
-    return res
+    return Checkpoint(path, mmap=True).info
 
 # %% ../../nbs/checkpoint/05_file.ipynb #67357361
 # (callback name, format) -> function(state, learn) -> (that state in the next format, notes); fastrepro's own first

@@ -13,7 +13,7 @@ from .files import CheckpointFiles, TMP_PREFIX
 from .file import read_checkpoint, split_state
 
 # %% auto #0
-__all__ = ['POSITION_KEYS', 'state_digest', 'states_digest', 'checkpoint_digests', 'read_manifest', 'manifest_key',
+__all__ = ['POSITION_KEYS', 'state_digest', 'nested_digest', 'checkpoint_digests', 'read_manifest', 'manifest_key',
            'add_to_manifest']
 
 # %% ../../nbs/checkpoint/06_manifest.ipynb #40f27b73
@@ -30,7 +30,7 @@ def state_digest(model) -> str:
 # %% ../../nbs/checkpoint/06_manifest.ipynb #061ffd10
 POSITION_KEYS = ('fit', 'epoch', 'batch', 'iteration')  # where a checkpoint was written (`StopAtCB` stops there)
 
-def states_digest(o) -> str|None:
+def nested_digest(o) -> str|None:
     ("sha256 of a nested state (dicts, lists and tuples of tensors and plain values): its tensors' names, dtypes, "
      "shapes and bytes (`state_digest`), and its other values; None for None")
     if o is None: return None
@@ -44,15 +44,17 @@ def states_digest(o) -> str|None:
     _walk(o, '')
     return digest([state_digest(tensors), sorted(plain.items())], None)
 
-def checkpoint_digests(path) -> dict:
-    ("Where the checkpoint at `path` was written (`POSITION_KEYS`, model signature, run seed) and the digests of its "
-     "weights, optimizer state and generator states (None: none saved; at an epoch's start they derive from the seed)")
-    model, opt, extra = split_state(read_checkpoint(path, mmap=True))
+def checkpoint_digests(checkpoint, # a checkpoint's path, or the state `save_checkpoint` wrote to it
+                      ) -> dict:
+    ("Where `checkpoint` was written (`POSITION_KEYS`, model signature, run seed) and the digests of its weights, "
+     "optimizer state and generator states (None: none saved; at an epoch's start they derive from the seed)")
+    state = checkpoint if isinstance(checkpoint, dict) else read_checkpoint(checkpoint, mmap=True)
+    model, opt, extra = split_state(state)
     repro = extra['callbacks']['repro_cb']
     pos = repro['position']
     return dict(fit=pos['fit'], epoch=pos['epoch'], batch=pos['batch'], iteration=pos['train_iter'],
                 model=extra['model']['digest'], seed=repro['seed'], weights=state_digest(model),
-                optimizer=states_digest(opt), generators=states_digest((repro.get('inside') or {}).get('generators')))
+                optimizer=nested_digest(opt), generators=nested_digest((repro.get('inside') or {}).get('generators')))
 
 def read_manifest(checkpoint) -> list:
     "The manifest entries of the checkpoints written as `checkpoint`, oldest first; [] when it has none"

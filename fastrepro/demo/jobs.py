@@ -14,7 +14,7 @@ from ..state.portable import DETERMINISTIC_ENV
 from ..state.kernels import same_kernels_env
 from ..callback.fp16 import ReproMixedPrecision  # also adds `Learner.to_repro_fp16`
 from ..callback.preempt import CheckpointCB
-from ..checkpoint.manifest import state_digest, states_digest
+from ..checkpoint.manifest import state_digest, nested_digest as states_digest
 from ..checkpoint.file import checkpoint_info, read_checkpoint
 from ..record.divergence import RunRecord
 from .ulmfit import *
