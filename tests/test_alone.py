@@ -8,7 +8,7 @@ from conftest import ROOT, hang_limit
 
 from fastrepro.cli import main
 from fastrepro.checkpoint.file import checkpoint_info, read_checkpoint, split_state
-from fastrepro.checkpoint.trace_file import BesideLog
+from fastrepro.checkpoint.trace_file import TraceLog
 
 FIXTURES = ROOT/'nbs'/'fixtures'
 RUN_TIMEOUT_S = hang_limit(30)  # a fastai import (about 5 s) and a tiny fit
@@ -91,7 +91,7 @@ def test_diff_of_two_copies_one_without_its_trace_file(final, tmp_path, capsys):
 def test_a_trace_file_that_is_not_its_own_is_refused_in_one_line(final, tmp_path, capsys):
     pin = split_state(read_checkpoint(final))[2]['callbacks']['repro_cb']['beside']
     other = _alone(final, tmp_path/'other')  # another run's trace file under its name
-    BesideLog.create(other.with_name(pin['file']), 'f'*32, [{'trace': {}}])
+    TraceLog.create(other.with_name(pin['file']), 'f'*32, [{'trace': {}}])
     cut = _alone(final, tmp_path/'cut')  # its own, truncated
     shutil.copy(final.with_name(pin['file']), cut.with_name(pin['file']))
     with open(cut.with_name(pin['file']), 'r+b') as f: f.truncate(pin['bytes'] - 10)

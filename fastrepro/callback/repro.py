@@ -16,7 +16,7 @@ from ..checkpoint.formats import pack_git, pack_entry, _fit_ended
 from ..record.trust import signature_or_none
 from ..checkpoint.resume import Position, ResumePlan, inside_state, end_state, restore_end
 from ..checkpoint.fastai_state import recorder_state, grad_presence, fastai_callback_states
-from ..checkpoint.trace_file import BesideLog, MissingLogError
+from ..checkpoint.trace_file import TraceLog, MissingLogError
 from ..state.data import make_deterministic, undo_deterministic, set_epoch, loader_orders
 from ..state.distrib import world_size
 from ..state.audit import audit_fit, audit_resume, Findings
@@ -241,8 +241,8 @@ class ReproCB(Callback, ReproEvents):
     def load_state_dict(self, d:dict):
         "Keep a checkpoint's state pending: the next fit makes its resume plan from it"
         self.seed, self.pending, self.trace_file.loaded = _loaded_seed(self.seed, d), d, None
-    def after_load(self, file, log:BesideLog|MissingLogError|None):
-        "Keep the trace file the loaded checkpoint `file` pins (`beside_logs`) with its state (`TraceFile.load`)"
+    def after_load(self, file, log:TraceLog|MissingLogError|None):
+        "Keep the trace file the loaded checkpoint `file` pins (`trace_logs`) with its state (`TraceFile.load`)"
         self.pending = self.trace_file.load(self.pending, log)
     def before_save(self, file):
         "Append the trace's and the Recorder's rows since the last save to the trace file beside checkpoint `file`"

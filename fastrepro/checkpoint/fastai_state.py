@@ -45,7 +45,7 @@ def recorder_state(rec, # fastai's Recorder
             'iters': [int(o) for o in rec.iters], 'values': [[float(v) for v in vals] for vals in rec.values],
             **recorder_rows(rec, session, logged)}
 
-def logged_rows(records:list, # the trace file's records (`BesideLog.records`), oldest first
+def logged_rows(records:list, # the trace file's records (`TraceLog.records`), oldest first
                 session:int, # the fit whose rows to take
                 end:int, # how many
                ) -> tuple:

@@ -19,14 +19,14 @@ from ..state.data import data_signature
 from .integrity import IntegrityError, zip_records, check_crcs, record_holds, missing_storages
 from .integrity import damage_line, STATE_KEY
 from .formats import SUMMARIES, UPGRADES
-from .trace_file import BesideLog, DamagedLogError, MissingLogError
+from .trace_file import TraceLog, DamagedLogError, MissingLogError
 from .files import TMP_PREFIX
 
 # %% auto #0
 __all__ = ['FORMAT_VERSION', 'DURABLE', 'BESIDE_BYTES', 'CheckpointError', 'ResumeError', 'atomic_torch_save',
            'CheckpointWriteError', 'write_failure', 'DamagedCheckpointError', 'checked_file', 'fastai_safe_globals',
            'read_checkpoint', 'split_state', 'model_signature', 'check_compatible', 'checkpoint_state',
-           'callback_states', 'to_plain', 'save_checkpoint', 'beside_logs', 'checkpoint_summary', 'Checkpoint',
+           'callback_states', 'to_plain', 'save_checkpoint', 'trace_logs', 'checkpoint_summary', 'Checkpoint',
            'checkpoint_info', 'checkpoint_upgrade', 'upgrade_state']
 
 # %% ../../nbs/checkpoint/05_file.ipynb #f299278a
@@ -296,16 +296,16 @@ def _rank_part(extra:dict) -> dict:
     ranks = [extra['callbacks']] + extra.get('rank_callbacks', [])
     return ranks[rank_distrib()] if rank_distrib() < len(ranks) else ranks[0]
 
-def beside_logs(states:dict, # callback name -> its state, read from `file` (one rank's part, in the current format)
+def trace_logs(states:dict, # callback name -> its state, read from `file` (one rank's part, in the current format)
                 file, # the checkpoint
                ) -> dict:
-    ("Callback name -> the file of records its state pins beside `file` (`BesideLog`, checked), or the "
+    ("Callback name -> the file of records its state pins beside `file` (`TraceLog`, checked), or the "
      "`MissingLogError` of one that is not there; a damaged one raises `DamagedCheckpointError`")
     res = {}
     for name, st in states.items():
         pin = st.get('beside') if isinstance(st, dict) else None
         if pin is None: continue
-        try: res[name] = BesideLog.open(pin, file)
+        try: res[name] = TraceLog.open(pin, file)
         except MissingLogError as e: res[name] = e
         except DamagedLogError as e:
             raise DamagedCheckpointError(f"{e} {Path(file).name} is refused: resume from an older checkpoint, whose "
@@ -314,7 +314,7 @@ def beside_logs(states:dict, # callback name -> its state, read from `file` (one
 
 def _hand_over(learn, saved, file, notes, logs):
     ("Give each stateful callback its part `saved` of the fastrepro state read from `file`, and the files of records "
-     "it pins (`beside_logs`): it keeps them pending")
+     "it pins (`trace_logs`): it keeps them pending")
     cbs = stateful_cbs(learn)
     for note in notes: warnings.warn(f"{file}: {note}")  # what an older format lacks (`upgrade_state`)
     for cb in cbs:
@@ -351,7 +351,7 @@ def _repro_load(fastai_load, clean_keys=noop):
         check_compatible(self, extra, path)
         # a reload inside a fit (SaveModelCallback's best model) restores weights, not a resume point
         saved = None if in_fit(self) else _rank_part(extra)
-        logs = None if saved is None else beside_logs(saved, path)  # checked before anything is loaded
+        logs = None if saved is None else trace_logs(saved, path)  # checked before anything is loaded
         # fastai's load_model does these two steps too; the file is read once here instead of twice
         get_model(self.model).load_state_dict(clean_keys(model_state), strict=strict)
         if ifnone(with_opt, True):
@@ -406,7 +406,7 @@ class Checkpoint:
         for name, state in extra['callbacks'].items():
             if name in _summaries: res.update(_summaries[name](state))
         parts = [extra['callbacks'], *extra.get('rank_callbacks', [])]
-        logs = [o for part in parts for o in beside_logs(part, path).values()]
+        logs = [o for part in parts for o in trace_logs(part, path).values()]
         inside = 'inside' if 'repro_cb' in extra['callbacks'] else None  # format 6, or one that could not be written
         res['trace_file'] = next((f"missing: {e}" for e in logs if isinstance(e, MissingLogError)),
                                  'intact' if logs else inside)

@@ -14,7 +14,7 @@ from fastai.callback.schedule import ParamScheduler
 from ..state.core import *
 from ..state.rng import rng_states, restore_rng_states, random_state, set_random_state
 from .file import *
-from .trace_file import BesideLog
+from .trace_file import TraceLog
 from .fastai_state import *
 from ..state.data import data_streams, loader_orders, set_loader_orders
 from ..state.passes import pass_problem, pass_position, resumed_pass_differs
@@ -91,7 +91,7 @@ class ResumePlan:
         position:Position, # where the fit starts
         resumes:bool=False, # the fit continues an interrupted one (else it is a new fit)
         batch:int=0, # the batches of its first epoch that it skips (a resume inside that epoch)
-        log:BesideLog|None=None, # the trace file `state` pins, checked (`beside_logs`)
+        log:TraceLog|None=None, # the trace file `state` pins, checked (`trace_logs`)
     ):
         store_attr('state,position,resumes,batch,log')
         self.epoch = position.epoch  # the first epoch the fit runs
@@ -100,7 +100,7 @@ class ResumePlan:
 
     @classmethod
     def make(cls, state:dict|None, last:Position, learn:Learner, deterministic_data:bool=True,
-             allow_world_size_change:bool=False, log:BesideLog|None=None) -> ResumePlan:
+             allow_world_size_change:bool=False, log:TraceLog|None=None) -> ResumePlan:
         ("The plan of `learn`'s fit that starts now, after the run stood at `last`, with a loaded `state` (or None) "
          "and the trace file it pins (`log`)")
         start, n_epoch = resume_epoch(learn), learn.n_epoch
@@ -217,7 +217,7 @@ def end_state(learn:Learner, # the learner, after its fit, or after its last epo
 def restore_end(learn:Learner, # the learner that loaded the checkpoint
                 state:dict, # the checkpoint's `ReproCB` state (`end`, `recorder`, `grad_present`, `fastai_callbacks`)
                 file=None, # the checkpoint, for the message
-                log:BesideLog|None=None, # the trace file `state` pins, checked (`beside_logs`)
+                log:TraceLog|None=None, # the trace file `state` pins, checked (`trace_logs`)
                ):
     "Put `learn` where the fit that wrote `state` left it, as if that fit had just returned"
     end = state.get('end')

@@ -12,7 +12,7 @@ import torch
 from .files import TMP_PREFIX
 
 # %% auto #0
-__all__ = ['MAGIC', 'LOG_FORMAT', 'LOG_VERSION', 'DamagedLogError', 'MissingLogError', 'BesideLog']
+__all__ = ['MAGIC', 'LOG_FORMAT', 'LOG_VERSION', 'DamagedLogError', 'MissingLogError', 'TraceLog']
 
 # %% ../../nbs/checkpoint/04_trace_file.ipynb #5fda8c66
 MAGIC = b'FASTREPRO-BESIDE\n'  # a file of records beside checkpoints starts with it
@@ -43,7 +43,7 @@ def _frames(f, end:int):
         if f.tell() + n > end: raise EOFError("a record runs past the end")
         yield _decode(f.read(n))
 
-class BesideLog:
+class TraceLog:
     "The append-only file of one run's records beside its checkpoints, held to the prefix this process knows"
     def __init__(self, path, # the file
                  run:str, # the run it belongs to (its header says so)
@@ -66,7 +66,7 @@ class BesideLog:
                run:str, # the run it belongs to
                records=(), # records to start it with (another file's, when a run saves under a new name)
                durable:bool=False, # fsync before the rename, as the checkpoint
-              ) -> BesideLog:
+              ) -> TraceLog:
         "A new file of `run`'s records at `path`, holding `records`"
         path = Path(path)
         data = MAGIC + _encode({'format': LOG_FORMAT, 'version': LOG_VERSION, 'run': run})
@@ -107,9 +107,9 @@ class BesideLog:
             return list(_frames(f, self.size))
 
     @classmethod
-    def open(cls, pin:dict, # a checkpoint's pin (`BesideLog.pin`)
+    def open(cls, pin:dict, # a checkpoint's pin (`TraceLog.pin`)
              checkpoint, # the checkpoint that holds it: the file is beside it
-            ) -> BesideLog:
+            ) -> TraceLog:
         "The file `pin` names beside `checkpoint`, checked to hold the pinned prefix; else one-line errors"
         path = Path(checkpoint).with_name(pin['file'])
         if not path.is_file():

@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid, json, pickle, zipfile, hashlib, warnings
 from fastai.basics import *
 from ..checkpoint.file import atomic_torch_save, read_checkpoint, split_state, upgrade_state
-from ..checkpoint.trace_file import BesideLog, MissingLogError, MAGIC
+from ..checkpoint.trace_file import TraceLog, MissingLogError, MAGIC
 from ..checkpoint.files import CheckpointFiles
 from ..checkpoint.manifest import state_digest
 from ..checkpoint.fastai_state import logged_rows, recorder_rows
@@ -86,7 +86,7 @@ class Trace:
         return self._digest
 
     def load_state_dict(self, d:dict, # from `state_dict`
-                        log:BesideLog|None=None, # the trace file with the rows before `d`'s, checked (`BesideLog.open`)
+                        log:TraceLog|None=None, # the trace file with the rows before `d`'s, checked (`TraceLog.open`)
                        ):
         "Continue the trace `d`, whose earlier rows are in `log`"
         t = d['tail']
@@ -108,7 +108,7 @@ class Trace:
         if self._logged_names == tail.get('param_names'): tail.pop('param_names', None)  # said once in the file
         record = {'trace': tail, **(more or {})}
         if self.log is not None and self.log.path == Path(path): self.log.append(record, durable)
-        else: self.log = BesideLog.create(path, self.run, (self.log.records() if self.log else []) + [record], durable)
+        else: self.log = TraceLog.create(path, self.run, (self.log.records() if self.log else []) + [record], durable)
         self._logged_names = self.param_names
         digest.update(tail)  # one pass over the new rows: the file is never read again for it
         self._clear()
@@ -276,7 +276,7 @@ def rows_digest(trace:pd.DataFrame, # a run trace (`trace_frame`)
 class TraceFile:
     "A run's trace file beside its checkpoints: what a save appends, and the file a loaded checkpoint pins"
     def __init__(self, trace:Trace):
-        self.trace, self.loaded = trace, None  # `loaded`: the pending checkpoint's file, checked (`beside_logs`)
+        self.trace, self.loaded = trace, None  # `loaded`: the pending checkpoint's file, checked (`trace_logs`)
         self._rec_lists, self._rec_logged = None, 0  # the Recorder's lists the file has rows of, and how many
 
     def logged(self, rec) -> int:
@@ -306,10 +306,10 @@ class TraceFile:
         if rows is not None: self._rec_lists, self._rec_logged = rec.losses, rows['start'] + len(rows['lrs'])
 
     def load(self, state:dict, # a loaded checkpoint's `ReproCB` state
-             log:BesideLog|MissingLogError|None, # the file it pins (`beside_logs`)
+             log:TraceLog|MissingLogError|None, # the file it pins (`trace_logs`)
             ) -> dict:
         "Keep `log` with `state`; without the file, `state` with a gap where its rows were (said): what stays pending"
-        self.loaded = log if isinstance(log, BesideLog) else None
+        self.loaded = log if isinstance(log, TraceLog) else None
         if not isinstance(log, MissingLogError): return state
         warnings.warn(f"{log} The run continues from the checkpoint: its trace has a gap before it, which "
                       "`first_divergence` shows, and the Recorder lacks the fit's rows before it.")
@@ -328,7 +328,7 @@ class TraceFile:
         records = (log.records() if log is not None else []) + [own]
         if ROWS_DIGEST not in trace and GAP not in trace:  # a checkpoint of format 7 or older: its rows are all here
             trace[ROWS_DIGEST] = RowsDigest.of(r['trace'] for r in records).hexdigest()
-        self.loaded = BesideLog.create(target, run, records, DURABLE)
+        self.loaded = TraceLog.create(target, run, records, DURABLE)
         return {**state, 'beside': self.loaded.pin(), 'trace': {**trace, 'tail': compact_trace(*[()] * 4)},
                 'recorder': rec and {**rec, 'start': rec['start'] + len(rec['lrs']), 'losses': torch.zeros(0),
                                      'lrs': torch.zeros(0, dtype=torch.float64)}}
@@ -356,7 +356,7 @@ def whole_state(state:dict, # a checkpoint's `ReproCB` state, in the current for
     pin, trace, rec = state.get('beside'), dict(state['trace']), state['recorder']
     records = []
     if pin is not None:
-        try: records = BesideLog.open(pin, path).records()
+        try: records = TraceLog.open(pin, path).records()
         except MissingLogError: trace[GAP] = trace.get(GAP) or gap_end(state)
     trace['tail'] = joined_trace([r['trace'] for r in records] + [trace['tail']])
     if ROWS_DIGEST not in trace and GAP not in trace: trace[ROWS_DIGEST] = RowsDigest.of([trace['tail']]).hexdigest()
