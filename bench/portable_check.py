@@ -36,7 +36,7 @@ def worker(inprocess:bool):
     if inprocess:
         from fastrepro.state.kernels import set_portable
         set_portable()  # first, before any tensor work: what `seed_everything(seed, portable=True)` at the top does
-    from fastrepro.demo.core import Demo
+    from fastrepro.demo.shared import Demo
     from fastrepro.state.environment import cpu_kernels
     from fastrepro.state.kernels import portable_problems
     import torch

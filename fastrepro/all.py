@@ -13,7 +13,7 @@ from .state import core, distrib
 from .checkpoint import resume
 from .state.core import ReproEvents  # the events a callback may add (`plan_fit`, `before_save`, ...)
 from .state.rng import seed_everything, derive_seed, rng_states, restore_rng_states
-from .state.portable import portable_env
+from .state.kernel_env import portable_env
 from .state.kernels import set_deterministic, deterministic_switches, set_switches
 from .state.kernels import set_portable, restore_portable, portable_problems
 from .checkpoint.file import CheckpointError, ResumeError, checkpoint_info, read_checkpoint, atomic_torch_save

@@ -7,7 +7,7 @@ Docs: https://fastrepro.github.io/fastrepro/portable.html.md"""
 # %% ../nbs/91_portable.ipynb #f15443b4
 from __future__ import annotations
 import os, sys
-from .state.portable import LAUNCHER, LauncherError, parse_launch, export_lines, portable_env
+from .state.kernel_env import LAUNCHER, LauncherError, parse_launch, export_lines, portable_env
 
 # %% auto #0
 __all__ = ['launch']

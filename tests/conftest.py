@@ -21,7 +21,7 @@ def hang_limit(quiet_s:float) -> int:
 CLI_TIMEOUT_S = hang_limit(10)  # a command refused for bad input answers in seconds; training commands pass their own
 
 sys.path.insert(0, str(ROOT))  # this checkout's fastrepro
-from fastrepro.state.portable import DETERMINISTIC_ENV  # imports no torch
+from fastrepro.state.kernel_env import DETERMINISTIC_ENV  # imports no torch
 
 STARTED_ENV = dict(os.environ)  # the environment pytest was started in, before the variables below
 

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import pytest, torch
 import fastrepro
-from fastrepro.state.portable import DETERMINISTIC_ENV
+from fastrepro.state.kernel_env import DETERMINISTIC_ENV
 from fastrepro.state.kernels import same_kernels_env
 
 pytestmark = pytest.mark.slow  # trains in fresh processes: the inner loop (-m "not slow") skips it

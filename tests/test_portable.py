@@ -44,7 +44,7 @@ from fastrepro.state.kernels import set_portable, portable_problems
 with warnings.catch_warnings(record=True) as w:
     warnings.simplefilter('always')
     set_portable()
-    from fastrepro.demo.core import Demo
+    from fastrepro.demo.shared import Demo
     from fastrepro.state.environment import cpu_kernels
     run = Demo('test', out=tempfile.mkdtemp(), progress=False).reference
 said = [str(o.message) for o in w if 'Not portable' in str(o.message)]

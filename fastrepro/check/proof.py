@@ -12,7 +12,7 @@ from fastai.text.all import *
 from fastai.tabular.all import *
 from fastai.vision.augment import RandTransform
 import fastrepro
-from ..state.portable import DETERMINISTIC_ENV
+from ..state.kernel_env import DETERMINISTIC_ENV
 from ..state.rng import seed_everything
 from ..state.kernels import same_kernels_env
 from ..callback.repro import ReproCB

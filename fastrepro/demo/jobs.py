@@ -10,7 +10,7 @@ import os, sys, json, time, signal, select, tempfile, threading, subprocess, dat
 from dataclasses import dataclass
 from fastai.text.all import *
 import fastrepro
-from ..state.portable import DETERMINISTIC_ENV
+from ..state.kernel_env import DETERMINISTIC_ENV
 from ..state.kernels import same_kernels_env
 from ..callback.fp16 import ReproMixedPrecision  # also adds `Learner.to_repro_fp16`
 from ..callback.preempt import CheckpointCB

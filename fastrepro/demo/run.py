@@ -21,7 +21,7 @@ from .ulmfit import *
 from .jobs import Job, job_process, job_error, STOP_EPOCH, RESUME_SEED_OFFSET, JOB_FILE, JOB_TIMEOUT_S
 from ..check.reproduce import reproduce
 from ..check.rebuild import rebuild_problem
-from .core import *
+from .shared import *
 
 # %% auto #0
 __all__ = ['STRAY_ITER', 'FP16_INIT_SCALE', 'FP16_GROWTH_INTERVAL', 'FP16_CPU_EPOCHS', 'VARIANT_DROP_MULT', 'VARIANT_WD',

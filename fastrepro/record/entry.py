@@ -8,7 +8,7 @@ Docs: https://fastrepro.github.io/fastrepro/record/entry.html.md"""
 from __future__ import annotations
 import os, sys, json, platform
 from pathlib import Path
-from ..state.portable import DETERMINISTIC_ENV, PORTABLE_ISA, PORTABLE_THREADS_VAR
+from ..state.kernel_env import DETERMINISTIC_ENV, PORTABLE_ISA, PORTABLE_THREADS_VAR
 
 # %% auto #0
 __all__ = ['ENTRY_ENV', 'entry_point', 'cells_script', 'cells_notebook', 'write_cells']

@@ -10,8 +10,8 @@ import os, ctypes, warnings, functools, contextlib
 from pathlib import Path
 import torch
 from fastcore.basics import store_attr
-from .portable import (DETERMINISTIC_ENV, PORTABLE_ISA, PORTABLE_THREADS, PORTABLE_THREADS_VAR, LAUNCHER,
-                                portable_env)
+from .kernel_env import (DETERMINISTIC_ENV, PORTABLE_ISA, PORTABLE_THREADS, PORTABLE_THREADS_VAR,
+                                        LAUNCHER, portable_env)
 
 # %% auto #0
 __all__ = ['CUBLAS_WORKSPACE', 'FILL_UNINITIALIZED', 'MKL_CBWR_ALL', 'MKL_CBWR_STRICT', 'MKL_CBWR_CHANGE_FAILED',
