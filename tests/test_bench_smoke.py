@@ -12,13 +12,14 @@ RATIO = re.compile(r'ratio \d+\.\d+x')
 
 @pytest.mark.slow  # trains in fresh processes: the inner loop skips it
 def test_bench_quick(tmp_path, fastai_home):
-    r = subprocess.run([sys.executable, '-m', 'bench.run', '--quick', '--out', str(tmp_path)], cwd=ROOT,
+    # one timed round per comparison: a smoke run proves every benchmark runs end to end, it judges no target
+    r = subprocess.run([sys.executable, '-m', 'bench.run', '--quick', '--reps', '1', '--out', str(tmp_path)], cwd=ROOT,
                        capture_output=True, text=True, timeout=hang_limit(60))
     assert r.returncode == 0, (f"python -m bench.run --quick failed ({r.returncode}):\n"
                                f"{r.stdout[-3000:]}\n{r.stderr[-5000:]}")
     assert len(RATIO.findall(r.stdout)) >= 10, f"too few ratios printed:\n{r.stdout[-3000:]}"
     res = json.loads((tmp_path/'results.json').read_text())
-    assert not res['errors'] and res['config']['quick']
+    assert not res['errors'] and res['config']['quick'] and res['config']['reps'] == 1
     assert {row['bench'].split()[0] for row in res['rows']} == {'1', '2', '3', '3b', '4', '5', '6', '7', '8', '9', '12'}
     md = (tmp_path/'RESULTS.md').read_text()
     assert '<!-- bench:begin -->' in md and 'ratio B/A' in md

@@ -7,7 +7,7 @@ import pytest
 from pathlib import Path
 from fastrepro.experiments.ledger import Ledger
 from fastrepro.experiments.store import SELFTEST
-from conftest import fastrepro_cli as fastrepro, hang_limit
+from conftest import fastrepro_cli as fastrepro, fastrepro_here, hang_limit
 
 HANG_S = hang_limit(60)  # stops a hang: the selftest takes about 40 s on 2 quiet cores (it bounds each check process)
 
@@ -65,8 +65,8 @@ def test_selftest_fails_without_a_data_patch(tmp_path, patch):
     assert 'do NOT all hold' in res.stdout and 'train without checkpoints inside epochs' in res.stdout
 
 
-def test_selftest_cannot_write_its_folder(tmp_path):
-    res = fastrepro('selftest', '--tmp', tmp_path/'missing', cwd=tmp_path, timeout=HANG_S)
+def test_selftest_cannot_write_its_folder(tmp_path, capsys):
+    res = fastrepro_here(capsys, 'selftest', '--tmp', tmp_path/'missing')  # refused before anything runs
     assert res.returncode == 2, res.stdout + res.stderr
     assert res.stderr.strip().splitlines() == [l for l in res.stderr.strip().splitlines()
                                                if l.startswith('fastrepro selftest could not run: ')][-1:]

@@ -101,9 +101,7 @@ class CheckpointCB(Callback, ReproEvents):
         return CheckpointFiles.named(self.learn.path/self.learn.model_dir, self.fname)
 
     @property
-    def path(self) -> Path:
-        "The newest checkpoint's path"
-        return self.files.path
+    def path(self) -> Path: return self.files.path  # the newest checkpoint
 
     def save(self):
         "Write a checkpoint now, as the newest, keeping `keep` in all (every rank calls it; rank 0 writes the files)"

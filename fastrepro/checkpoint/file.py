@@ -94,17 +94,15 @@ def _os_error(e:BaseException) -> OSError|None:
         seen.add(id(e)); e = e.__cause__ or e.__context__
     return None
 
-def _free_bytes(folder:Path) -> int|None:
-    try: return shutil.disk_usage(folder).free
-    except OSError: return None
-
 def write_failure(e:BaseException, # what writing `file` raised
                   file:Path, # the file that was being written
                  ) -> CheckpointWriteError|None:
     "`e` in plain words, when the system refused the write: what failed, where, the free space and the errno"
     os_e = _os_error(e)
     if os_e is None: return None
-    file, free = Path(file), _free_bytes(Path(file).parent)
+    file = Path(file)
+    try: free = shutil.disk_usage(file.parent).free
+    except OSError: free = None
     code = errno_module.errorcode.get(os_e.errno, '?')
     where = f"{free:,} bytes free there" if free is not None else "free space unknown"
     kept = f"the previous {file.name} is intact" if file.exists() else f"there is no previous {file.name}"
@@ -119,15 +117,11 @@ class DamagedCheckpointError(CheckpointError):
         super().__init__(msg)
         self.path, self.record, self.why = Path(path), record, why or msg
 
-def _holds(f, record:str|None):
-    "What `record` of the open file `f` holds, as far as its structure lets it be found"
-    if record is None: return None
-    try: return record_holds(f, zip_records(f), record)
-    except IntegrityError: return None
-
 def _damaged(file, f, e:IntegrityError) -> DamagedCheckpointError:
-    "The one-line error for `file`'s damage `e`, naming what the damaged record holds"
-    return DamagedCheckpointError(damage_line(file, e, _holds(f, e.record)), file, e.record,
+    "The one-line error for `file`'s damage `e`, naming what the damaged record holds where its structure tells"
+    try: holds = record_holds(f, zip_records(f), e.record) if e.record else None
+    except IntegrityError: holds = None
+    return DamagedCheckpointError(damage_line(file, e, holds), file, e.record,
                                   f"{e.record}: {e.why}" if e.record else e.why)
 
 # a file this large has its CRC-32 pass run beside torch's reading, in a thread; a smaller one (a few ms of reading)
@@ -333,14 +327,14 @@ def _repro_load(fastai_load, clean_keys=noop):
     def load(self, file, device=None, with_opt=None, strict=True,
              checkpoint:Checkpoint|None=None, # `file` already read by a resume (`Checkpoint(file, learn)`)
              **kwargs):
+        path = join_path_file(file, self.path/self.model_dir, ext='.pth')
         if not _extends(self):
-            _check_plain(join_path_file(file, self.path/self.model_dir, ext='.pth'))
+            _check_plain(path)
             return fastai_load(self, file, device=device, with_opt=with_opt, strict=strict, **kwargs)
         if self.opt is None: self.create_opt()
-        path = join_path_file(file, self.path/self.model_dir, ext='.pth')
         distrib_barrier()
         ck = checkpoint or Checkpoint(path, self, device, weights_only=kwargs.get('weights_only', True))
-        model_state, opt_state, extra, notes = ck.model, ck.opt, ck.extra, ck.notes
+        extra = ck.extra
         # a plain fastai checkpoint: fastai's own path, then the warning that the resume won't be exact
         if extra is None:
             res = fastai_load(self, file, device=device, with_opt=with_opt, strict=strict, **kwargs)
@@ -353,16 +347,16 @@ def _repro_load(fastai_load, clean_keys=noop):
         saved = None if in_fit(self) else _rank_part(extra)
         logs = None if saved is None else trace_logs(saved, path)  # checked before anything is loaded
         # fastai's load_model does these two steps too; the file is read once here instead of twice
-        get_model(self.model).load_state_dict(clean_keys(model_state), strict=strict)
+        get_model(self.model).load_state_dict(clean_keys(ck.model), strict=strict)
         if ifnone(with_opt, True):
-            if opt_state is None: warnings.warn(f"{path} doesn't contain an optimizer state.")
+            if ck.opt is None: warnings.warn(f"{path} doesn't contain an optimizer state.")
             else:
-                try: self.opt.load_state_dict(opt_state)
+                try: self.opt.load_state_dict(ck.opt)
                 except Exception as e:
                     raise CheckpointError(f"{path}: its optimizer state does not fit this learner's optimizer ({e}); "
                                           "build the learner with the same `opt_func` and parameter groups, or load "
                                           "with `with_opt=False` (the resume will not be exact).") from e
-        if saved is not None: _hand_over(self, saved, path, notes, logs)
+        if saved is not None: _hand_over(self, saved, path, ck.notes, logs)
         return self
     load.__doc__ = f"{fastai_load.__doc__}; with stateful callbacks attached, also hands them their state"
     return load
