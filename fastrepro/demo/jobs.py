@@ -14,7 +14,7 @@ from ..state.kernel_env import DETERMINISTIC_ENV
 from ..state.kernels import same_kernels_env
 from ..callback.fp16 import ReproMixedPrecision  # also adds `Learner.to_repro_fp16`
 from ..callback.preempt import CheckpointCB
-from ..checkpoint.manifest import state_digest, nested_digest as states_digest
+from ..checkpoint.manifest import state_digest, nested_digest
 from ..checkpoint.file import checkpoint_info, read_checkpoint
 from ..record.divergence import RunRecord
 from .ulmfit import *
@@ -216,7 +216,7 @@ def _script(job:Job, kill=None, stop=None):
 def after_script(learn:Learner) -> dict:
     "What a process holds after a script's last fit, besides its `RunRecord`"
     rec = learn.recorder
-    return dict(optimizer=states_digest(learn.opt.state_dict()), losses=[float(o) for o in rec.losses],
+    return dict(optimizer=nested_digest(learn.opt.state_dict()), losses=[float(o) for o in rec.losses],
                 lrs=[float(o) for o in rec.lrs], counters=[int(learn.train_iter), int(learn.epoch),
                                                            int(learn.n_epoch), float(learn.pct_train)],
                 draws=dict(torch=torch.rand(4).tolist(), numpy=np.random.rand(4).tolist(),
