@@ -49,7 +49,7 @@ def ledger_checkpoint(record:pd.Series, # a row of `Ledger.runs`
         if _ledger_run(ck) not in (record.run_key, record.name): continue
         info = ck.info
         if (info['git'] or {}).get('commit') == record.commit and info['seed'] == record.seed:
-            found.append(((info['start_epoch'], info['batch']), str(f)))
+            found.append(((info['epoch'], info['batch']), str(f)))
     if not found:
         raise ReproduceError(f"Ledger run {record.name} has no checkpoint under {where} (none written by its fit, "
                              "with its commit and seed): pass the checkpoint itself.")
@@ -89,7 +89,7 @@ STOP_NAME = 'reproduced'  # the re-run's checkpoint at the recorded position: `{
 
 def _position(info:dict, extra:dict) -> dict:
     "Where checkpoint `info` was written, and by which learner (its model's digest, its run seed)"
-    return dict(fit=info['fit_idx'], epoch=info['start_epoch'], batch=info['batch'], iteration=info['iteration'],
+    return dict(fit=info['fit'], epoch=info['epoch'], batch=info['batch'], iteration=info['iteration'],
                 model=extra['model']['digest'], seed=info['seed'])
 
 def _entry_position(entry:dict) -> dict:
@@ -367,7 +367,7 @@ def segment_plan(checkpoint, # the newest checkpoint `CheckpointCB` wrote (`{fna
      "is that checkpoint's file where it is kept (`entry` None), else `checkpoint` with `entry` its manifest line")
     p, files = Path(checkpoint), CheckpointFiles(checkpoint)
     infos = {f: checkpoint_info(f) for f in [*files.older()[::-1], p, *files.fit_ends()]}
-    kept = {(i['fit_idx'], i['start_epoch'], i['batch']): f for f, i in infos.items()
+    kept = {(i['fit'], i['epoch'], i['batch']): f for f, i in infos.items()
             if _run_key(i) == _run_key(infos[p])}
     ends = sorted({**{manifest_key(e): (p, e) for e in read_manifest(p)}, **{k: (f, None) for k, f in kept.items()}}
                   .items())

@@ -49,7 +49,7 @@ def unpack_entry(entry:dict|None) -> dict|None:
 def _repro_summary(state:dict) -> dict:
     "What `checkpoint_info` shows of a `ReproCB` state"
     pos, prov = state['position'], state['provenance']
-    return dict(seed=state['seed'], fit_idx=pos['fit'], n_epoch=pos['n_epoch'], start_epoch=pos['epoch'],
+    return dict(seed=state['seed'], fit=pos['fit'], n_epoch=pos['n_epoch'], epoch=pos['epoch'],
                 batch=pos['batch'], iteration=pos['train_iter'], env=prov['env'], git=unpack_git(prov['git']),
                 entry=unpack_entry(prov['entry']), device=prov['device'], world_size=state['world_size'],
                 trackers=state['trackers'], fit_ended='end' in state or _fit_ended(pos),
