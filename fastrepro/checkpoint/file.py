@@ -30,7 +30,7 @@ __all__ = ['FORMAT_VERSION', 'DURABLE', 'BESIDE_BYTES', 'CheckpointError', 'Resu
            'checkpoint_info', 'checkpoint_upgrade', 'upgrade_state']
 
 # %% ../../nbs/checkpoint/05_file.ipynb #f299278a
-FORMAT_VERSION = 8            # the checkpoint layout; a change bumps it, and older ones keep loading (`upgrade_state`)
+FORMAT_VERSION = 9            # the checkpoint layout; a change bumps it, and older ones keep loading (`upgrade_state`)
 
 class CheckpointError(RuntimeError):
     "A checkpoint that cannot be used for an exact resume: corrupt, truncated, or from another model or data"

@@ -52,7 +52,7 @@ def checkpoint_digests(checkpoint, # a checkpoint's path, or the state `save_che
     model, opt, extra = split_state(state)
     repro = extra['callbacks']['repro_cb']
     pos = repro['position']
-    return dict(fit=pos['fit'], epoch=pos['epoch'], batch=pos['batch'], iteration=pos['train_iter'],
+    return dict(fit=pos['fit'], epoch=pos['epoch'], batch=pos['batch'], iteration=pos['iteration'],
                 model=extra['model']['digest'], seed=repro['seed'], weights=state_digest(model),
                 optimizer=nested_digest(opt), generators=nested_digest((repro.get('inside') or {}).get('generators')))
 

@@ -347,7 +347,7 @@ def save_trace(trace:pd.DataFrame, # a run trace, e.g. `learn.repro_trace`
 def gap_end(state:dict) -> list:
     "Where the rows of a missing trace file end: at the checkpoint's own first row, else at its position"
     seg = state['trace']['tail']['segments']
-    return [int(seg[0, 0]), int(seg[0, 2])] if len(seg) else [state['position'][k] for k in ('fit', 'train_iter')]
+    return [int(seg[0, 0]), int(seg[0, 2])] if len(seg) else [state['position'][k] for k in ('fit', 'iteration')]
 
 def whole_state(state:dict, # a checkpoint's `ReproCB` state, in the current format (`upgrade_state`)
                 path, # the checkpoint: its trace file is beside it
