@@ -12,7 +12,6 @@ from ..state.core import digest
 from ..checkpoint.file import CheckpointError, Checkpoint
 from ..record.provenance import git_info
 from ..record.trace import whole_state, compact_of, trace_frame
-from ..checkpoint.trace_file import DamagedLogError
 from ..experiments.store import one_line
 
 # %% auto #0
@@ -28,7 +27,8 @@ class ReproduceError(RuntimeError):
 
 # %% ../../nbs/check/01_rebuild.ipynb #a1700015
 def _record(path) -> dict:
-    "What a checkpoint records for `reproduce`: its summary, weights, optimizer and fastrepro state (upgraded)"
+    ("What a checkpoint records for `reproduce`, read once: its summary, weights, optimizer and fastrepro state "
+     "(upgraded), its trace with the rows of its trace file, and the `Checkpoint` itself")
     path = Path(path)
     if not path.is_file(): raise ReproduceError(f"{path}: no such file. Pass a checkpoint a fastrepro run wrote "
                                                 "(`learn.save`, `CheckpointCB`).")
@@ -47,10 +47,9 @@ def _record(path) -> dict:
         raise ReproduceError(f"{path} was written outside any git repository (or before its first commit): no commit "
                              "records its code, so it cannot be rebuilt. Reproduce runs started from a committed git "
                              "checkout.")
-    try: repro = whole_state(ck.extra['callbacks']['repro_cb'], path)  # its rows in the trace file beside it too
-    except DamagedLogError as e: raise ReproduceError(one_line(e)) from e
+    repro = whole_state(ck.extra['callbacks']['repro_cb'], ck.logs[0].get('repro_cb'))  # with its trace file's rows
     extra = {**ck.extra, 'callbacks': {**ck.extra['callbacks'], 'repro_cb': repro}}
-    return dict(path=path, info=info, model=ck.model, opt=ck.opt, extra=extra,
+    return dict(path=path, info=info, model=ck.model, opt=ck.opt, extra=extra, checkpoint=ck,
                 trace=trace_frame(compact_of(repro['trace'])))
 
 def _git(cwd, *args, input:bytes|None=None, check:bool=True) -> subprocess.CompletedProcess:

@@ -20,7 +20,7 @@ from ..checkpoint.manifest import POSITION_KEYS, read_manifest, manifest_key
 from .rebuild import ReproduceError, EXIT_REPRODUCED, EXIT_PARTS, _record, _git, code_root, code_worktree
 from .rebuild import _interruptible
 from .rerun import rerun_env, _expected_env, rerun_command, run_to_position, _tail, where_in_step
-from .verdict import env_differences, prediction, compare_states, compare_digests, verdict, Reproduction
+from .verdict import env_differences, prediction, compare_states, verdict, Reproduction
 from .verdict import _quantity, _data
 from .where import WHERE_NAME
 
@@ -162,10 +162,10 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
                              f"{pos['batch']}); its last output: {_tail(out/'rerun.log')}")
     t = time.perf_counter()
     again = {**_record(stop), 'facts': json.loads(stop.with_suffix('.json').read_text())}
-    quantities = compare_states(rec, again) if until is None else compare_digests(until, rec, again)
+    quantities = compare_states(rec, again, until)
+    unseen = unseen_rows(rec['trace'], again['trace'], (Path(checkpoint).name, 'the re-run'))  # never a difference
     after = env_differences(info['env'], again['facts']['env'])
     data = _data_verdict(record, again['facts'], _data(rec, again))
-    unseen = unseen_rows(rec['trace'], again['trace'], (Path(checkpoint).name, 'the re-run'))  # never a difference
     text, parts, code = verdict(quantities, pos, after, data, unseen)
     timings['compare'] = time.perf_counter() - t
     found = None

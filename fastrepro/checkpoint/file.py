@@ -399,12 +399,17 @@ class Checkpoint:
         res.update(format=self.stored['format'], upgrade_notes=self.notes, callbacks=sorted(extra['callbacks']))
         for name, state in extra['callbacks'].items():
             if name in _summaries: res.update(_summaries[name](state))
-        parts = [extra['callbacks'], *extra.get('rank_callbacks', [])]
-        logs = [o for part in parts for o in trace_logs(part, path).values()]
+        logs = [o for part in self.logs for o in part.values()]
         inside = 'inside' if 'repro_cb' in extra['callbacks'] else None  # format 6, or one that could not be written
         res['trace_file'] = next((f"missing: {e}" for e in logs if isinstance(e, MissingLogError)),
                                  'intact' if logs else inside)
         return res
+
+    @functools.cached_property
+    def logs(self) -> list:
+        "Each rank's part's `trace_logs` (rank 0's first), each file read once; a damaged one raises"
+        parts = [self.extra['callbacks'], *self.extra.get('rank_callbacks', [])] if self.extra is not None else []
+        return [trace_logs(part, self.path) for part in parts]
 
 def checkpoint_info(path) -> dict:
     "A checkpoint's metadata (seed, epoch, iteration, environment, git, ...) without building a learner"
