@@ -205,8 +205,8 @@ def switches(**kw) -> Side:
     return Side(', '.join(f'{k}={v}' for k, v in kw.items()), lambda learn: _switches(kw), SWITCHES_HINT)
 
 def as_is() -> Side:
-    "The step as this process runs it"
-    return Side('as it is')
+    "The step as this process runs it: twice, its steps differ only where they are nondeterministic"
+    return Side('as it is', hint=AUDIT_HINT)
 
 # %% ../../nbs/check/06_localise.ipynb #2f8f8183
 class SideBySide:
@@ -368,8 +368,7 @@ def audit_step(learn:Learner,
                where:str='', # the step's place in the run, for the verdict
               ) -> StepDivergence:
     "Name the first nondeterministic module of a step of `learn` run twice the same way"
-    run = SideBySide(learn, (as_is(), as_is()), batch)
-    return localise(run, run.sides, AUDIT_HINT, where)
+    return localise_step(learn, as_is(), as_is(), batch, where)
 
 # %% ../../nbs/check/06_localise.ipynb #6c958ba3
 def combine(*sides:Side) -> Side:

@@ -21,7 +21,7 @@ from .rebuild import ReproduceError, EXIT_REPRODUCED, EXIT_PARTS, _record, _git,
 from .rebuild import _interruptible
 from .rerun import rerun_env, _expected_env, rerun_command, run_to_position, _tail, where_in_step
 from .verdict import env_differences, prediction, compare_states, verdict, Reproduction
-from .verdict import _quantity, _data
+from .verdict import _quantity, _data, _fmt_diffs
 from .where import WHERE_NAME
 
 # %% auto #0
@@ -77,12 +77,6 @@ def record_reproduction(ledger:Ledger, # the ledger of the reproduced run
         started=time.time() - took, finished=time.time(), duration=took, notes=res.verdict,
         tags=dict(reproduces=int(run.name), exit_code=res.exit_code, parts=res.parts, host=env.get('hostname'),
                   out=res.out)))
-
-def _data_verdict(run:pd.Series|None, facts:dict, signatures:str) -> str:
-    "The data verdict: the ledger's fingerprint of the run's data against the re-run's, else the signatures'"
-    if run is None or run.data_fingerprint is None: return signatures
-    a, b = run.data_fingerprint, facts['data_fingerprint']
-    return 'same' if a == b else f"differs: data fingerprint {a} recorded, {b} in the re-run"
 
 # %% ../../nbs/check/04_reproduce.ipynb #a1700040
 STOP_NAME = 'reproduced'  # the re-run's checkpoint at the recorded position: `{out}/reproduced.pth` (and `.json`)
@@ -165,7 +159,7 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
     quantities = compare_states(rec, again, until)
     unseen = unseen_rows(rec['trace'], again['trace'], (Path(checkpoint).name, 'the re-run'))  # never a difference
     after = env_differences(info['env'], again['facts']['env'])
-    data = _data_verdict(record, again['facts'], _data(rec, again))
+    data = _data(rec, again, None if record is None else record.data_fingerprint)
     text, parts, code = verdict(quantities, pos, after, data, unseen)
     timings['compare'] = time.perf_counter() - t
     found = None
@@ -334,7 +328,7 @@ def plan_lines(plan:dict) -> list:
     "The lines `fastrepro reproduce --plan` prints of a plan (`reproduce(..., plan=True)`)"
     files = ', '.join(f'{f} +{a} -{r}' for f, a, r in plan['patch'])
     patch = f"{len(plan['patch'])} file(s): {files}" if plan['patch'] else 'none'
-    diffs = ', '.join(f"{d['field']} {d['recorded']} -> {d['here']}" for d in plan['expected'] if not d['bits'])
+    diffs = _fmt_diffs(plan['expected'], bits=False)
     trusted = ('not needed: it carries no code' if not plan['carries'] else 'yes: signed by you, or trusted' if
                plan['trusted'] else 'no: refused without --trust (`fastrepro trust FILE` trusts it for later)')
     return [f"fastrepro reproduce --plan {plan['checkpoint']}: runs nothing",

@@ -155,8 +155,12 @@ def verdict(quantities:dict, position:dict, env_after:list, data:str,
              f"at fit {fit}, epoch {epoch}, iteration {it}, first in {parts['quantity']}")
     return f"parts {where}; {because}", parts, EXIT_PARTS
 
-def _data(a:dict, b:dict) -> str:
-    "The data verdict of two checkpoints: their data signatures (the vocabulary, for text)"
+def _data(a:dict, b:dict, fingerprint:str|None=None) -> str:
+    ("The data verdict of two checkpoints: the ledger's `fingerprint` of the recorded run's data against the "
+     "re-run's (`b['facts']`), else their data signatures (the vocabulary, for text)")
+    if fingerprint is not None:
+        a, b = fingerprint, b['facts']['data_fingerprint']
+        return 'same' if a == b else f"differs: data fingerprint {a} recorded, {b} in the re-run"
     sa, sb = a['extra']['data'], b['extra']['data']
     if not sa and not sb: return 'not recorded (no vocabulary); the trace compares what the data did'
     return 'same' if sa == sb else f"differs: vocabulary sizes {sa.get('vocab_sizes')} vs {sb.get('vocab_sizes')}"
