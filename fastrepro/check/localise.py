@@ -6,18 +6,16 @@ Docs: https://fastrepro.github.io/fastrepro/check/localise.html.md"""
 
 # %% ../../nbs/check/06_localise.ipynb #49be6f71
 from __future__ import annotations
-import json, contextlib
+import contextlib
 from copy import deepcopy
 from dataclasses import dataclass, field, fields, asdict
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from fastai.basics import *
-from ..state.core import in_fit, training_fit
+from ..state.core import in_fit
 from ..state.rng import rng_states, restore_rng_states
 from ..state.kernels import deterministic_switches, set_switches, cpu_threads
-from ..checkpoint.file import model_signature
 from ..checkpoint.manifest import state_digest
-from .rebuild import EXIT_REPRODUCED
 
 # %% auto #0
 __all__ = ['STEP_PASSES', 'MODEL_NAME', 'LOSS_NAME', 'THREADS_HINT', 'HYPERS_HINT', 'AUDIT_HINT', 'SWITCHES_HINT',

@@ -22,7 +22,6 @@ from .rebuild import _interruptible
 from .rerun import rerun_env, _expected_env, rerun_command, run_to_position, _tail, where_in_step
 from .verdict import env_differences, prediction, compare_states, verdict, Reproduction
 from .verdict import _quantity, _data, _fmt_diffs
-from .where import WHERE_NAME
 
 # %% auto #0
 __all__ = ['MAX_CANDIDATES', 'STOP_NAME', 'RUN_FIELDS', 'PLACEHOLDER_WT', 'ledger_checkpoint', 'record_reproduction', 'reproduce',

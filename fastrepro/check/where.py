@@ -11,14 +11,13 @@ from dataclasses import asdict
 from fastai.basics import *
 from ..state.core import training_fit
 from ..state.kernels import deterministic_switches
-from ..checkpoint.file import model_signature
+from ..checkpoint.file import model_signature, checkpoint_info
 from ..state.environment import environment_info
 from ..checkpoint.files import CheckpointFiles
 from ..checkpoint.manifest import checkpoint_digests
 from ..record.divergence import first_divergence, BEFORE_TRAINING
 from .rebuild import EXIT_REPRODUCED
 from .verdict import env_differences, _fmt_diffs
-from ..checkpoint.file import checkpoint_info
 from .localise import StepProbe, StepDivergence, Side, localise, localise_step
 from .localise import threads, switches, combine, HYPERS_HINT, AUDIT_HINT
 
