@@ -169,9 +169,8 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
         text, timings['where'] = f"{text}; where in the step: {found['text']}", time.perf_counter() - t
     manifest = CheckpointFiles(checkpoint).manifest
     what = str(checkpoint) if until is None else f"{manifest} (a deleted checkpoint's digests)"
-    res = Reproduction(what, git['commit'], text, code,
-                       {k: pos[k] for k in POSITION_KEYS},
-                       parts, {q: (None if w is None else _quantity(q, w)) for q, w in quantities.items()},
+    res = Reproduction(what, git['commit'], text, code, {k: pos[k] for k in POSITION_KEYS}, parts,
+                       {q: (None if w is None else _quantity(q, w)) for q, w in quantities.items()},
                        prediction(before, after), before, after, data, argv, str(out), timings, where=found)
     if record is not None:
         res.ledger_run, res.record = int(record.name), record_reproduction(book, record, res, again['facts'])
