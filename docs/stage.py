@@ -162,7 +162,9 @@ def with_outputs(nb:dict, executed:dict|None) -> dict:
     return nb
 
 
-SOURCE_URL = re.compile(r'\]\([^)\s]*/blob/[^/)]+/([\w/]+)\.py#L\d+\)')  # show_doc's [source] link: the module's file
+# show_doc's [source] link: the module's file
+SOURCE_URL = re.compile(r'\]\([^)\s]*/blob/[^/)]+/([\w/]+)\.py(?:#L\d+)?\)')
+NO_LINE = re.compile(r'(\]\([^)\s]*\.py)#LNone\)')  # nbdev's link for a name it found no line of (imported first)
 ENTRY = re.compile(r'^(#+) (\S+)\s*$', re.M)  # show_doc's heading: the entry's qualified name
 SIG = re.compile(r'^(```python\n)(?:async )?def ([\w.]+)\(', re.M)  # fastcore renders every callable as a `def`
 ENUM_DEFAULT = re.compile(r'=<([\w.]+): [^>\n]*>')  # an Enum member's repr as a default: `=<AMPMode.FP16: 'fp16'>`
@@ -187,7 +189,7 @@ def entry_md(md:str, anchors:frozenset=frozenset()) -> str:
     "show_doc's markdown as a reader should see it: a class's signature as `class Name(...)` followed by its public "
     "methods (linked where the page has their entries: `anchors`), defaults as they are written (`AMPMode.FP16`, "
     "`ax=None`), not their reprs"
-    md = NONE_TYPE.sub('', ENUM_DEFAULT.sub(r'=\1', md))
+    md = NO_LINE.sub(r'\1)', NONE_TYPE.sub('', ENUM_DEFAULT.sub(r'=\1', md)))
     o = documented(md)
     if not isinstance(o, type): return md
     md = SIG.sub(lambda m: f'{m[1]}class {m[2]}(', md, count=1)
