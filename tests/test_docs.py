@@ -73,10 +73,9 @@ PROBE = """return {
                                                                              w: i.naturalWidth, h: i.naturalHeight})),
   text: document.body.innerText,
   chars: (document.querySelector('main article') || document.querySelector('main')).innerText.length,
-  // show_doc's entries: the first line of the signature under each entry's heading
-  signatures: [...document.querySelectorAll('main section > h3, main section > h4')].map(h => {
-    const n = h.nextElementSibling, pre = n && n.querySelector ? n.querySelector('pre') : null;
-    return pre ? pre.textContent.split('\n')[0] : null; }).filter(s => s),
+  // show_doc's entries (code blocks of the page's markdown, not cells): the first line of each signature
+  signatures: [...document.querySelectorAll('main div.highlight-python pre')].filter(p => !p.closest('div.cell'))
+    .map(p => p.textContent.split('\n')[0]),
   // code cells a reader sees (not folded away) that show nothing: their code, to tell the tests among them
   silent_cells: [...document.querySelectorAll('main div.cell')].filter(c => {
     const i = c.querySelector('.cell_input');
