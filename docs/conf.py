@@ -35,7 +35,9 @@ html_context = {'default_mode': 'auto'}  # else the theme logs an error for a fi
 html_favicon = 'static/favicon.svg'  # else the browser's request for /favicon.ico fails
 html_static_path = ['static']
 html_css_files = ['fastrepro.css']
-html_copy_source = html_show_sourcelink = False  # no copies of the notebooks in the site
+# the pages' sources beside them (`_sources/`): the search shows a snippet of each result
+html_copy_source = html_show_sourcelink = True
+html_js_files = ['search_once.js']  # each name once in the search's results
 suppress_warnings = ['mystnb.unknown_mime_type',  # execnb's application/vnd.* outputs have a text/plain or png twin
                     'myst.header']  # show_doc's entries are H3 under the page's H1 title, as on Quarto's pages
 

@@ -101,14 +101,26 @@ PROGRESS = re.compile(r'^.*\|[█-]+\|.*$\n?|^.*\d+\.\d+% \[\d+/\d+ [\d:<?]+.*$\
 FIT_HEADER = re.compile(r'^(epoch[ \t].*?)[ \t]*\btime[ \t]*$', re.M)  # fastai's table of a fit: its time column goes
 FIT_ROW_TIME = re.compile(r'^(\d+[ \t].*?)[ \t]*\b\d\d:\d\d[ \t]*$', re.M)
 WARNING = re.compile(r'^\S*:\d+: \w*Warning: ', re.M)  # Python's warnings, with the path of what raised them
+FIT_TABLE = re.compile(r'^epoch[ \t][^\n]*\n(?:\d+[ \t][^\n]*(?:\n|$))+', re.M)  # fastai's table of one fit
+
+
+def one_fit_table(t:str) -> str:
+    "`t` with the first of fastai's tables of a fit only: a cell that runs many fits (a test's) prints one each"
+    tables = FIT_TABLE.findall(t)
+    if len(tables) < 2: return t
+    first, n = FIT_TABLE.search(t), len(tables) - 1
+    rest = FIT_TABLE.sub('', t[first.end():])
+    note = f"[{n} more table{'s' if n > 1 else ''} of fits like this one left out]\n"
+    return t[:first.end()] + note + rest
 
 
 def scrub_text(t:str, subs:list) -> str:
     "`t` without this machine: its paths, user and host; a terminal's carriage returns applied; no progress bars, "
-    "no time column in fastai's tables of a fit"
+    "no time column in fastai's tables of a fit, the first of them only (`one_fit_table`)"
     if '\r' in t: t = '\n'.join(line.split('\r')[-1] if line.strip('\r') else '' for line in t.split('\n'))
     t = PROGRESS.sub('', t)
     if FIT_HEADER.search(t): t = FIT_ROW_TIME.sub(r'\1', FIT_HEADER.sub(r'\1', t))  # run to run, it changes
+    t = one_fit_table(t)
     for p, r in subs: t = p.sub(r, t)
     return t
 
@@ -150,6 +162,47 @@ def with_outputs(nb:dict, executed:dict|None) -> dict:
     return nb
 
 
+# show_doc's [source] link: the module's file
+SOURCE_URL = re.compile(r'\]\([^)\s]*/blob/[^/)]+/([\w/]+)\.py(?:#L\d+)?\)')
+NO_LINE = re.compile(r'(\]\([^)\s]*\.py)#LNone\)')  # nbdev's link for a name it found no line of (imported first)
+ENTRY = re.compile(r'^(#+) (\S+)\s*$', re.M)  # show_doc's heading: the entry's qualified name
+SIG = re.compile(r'^(```python\n)(?:async )?def ([\w.]+)\(', re.M)  # fastcore renders every callable as a `def`
+ENUM_DEFAULT = re.compile(r'=<([\w.]+): [^>\n]*>')  # an Enum member's repr as a default: `=<AMPMode.FP16: 'fp16'>`
+NONE_TYPE = re.compile(r':NoneType(?==None\b)')  # the annotation fastcore infers from a default of None
+
+
+def documented(md:str):
+    "The object a show_doc entry's markdown `md` documents (its [source] link names the module, its heading the "
+    "qualified name); None where that cannot be told"
+    import importlib
+    src, head = SOURCE_URL.search(md), ENTRY.search(md)
+    if not (src and head): return None
+    try: o = importlib.import_module(src[1].replace('/', '.'))
+    except Exception: return None
+    for part in head[2].split('.'):
+        o = getattr(o, part, None)
+        if o is None: return None
+    return o
+
+
+def entry_md(md:str, anchors:frozenset=frozenset()) -> str:
+    "show_doc's markdown as a reader should see it: a class's signature as `class Name(...)` followed by its public "
+    "methods (linked where the page has their entries: `anchors`), defaults as they are written (`AMPMode.FP16`, "
+    "`ax=None`), not their reprs"
+    md = NO_LINE.sub(r'\1)', NONE_TYPE.sub('', ENUM_DEFAULT.sub(r'=\1', md)))
+    o = documented(md)
+    if not isinstance(o, type): return md
+    md = SIG.sub(lambda m: f'{m[1]}class {m[2]}(', md, count=1)
+    from fastai.callback.core import _events
+    from fastrepro.state.core import ReproEvents
+    name, events = ENTRY.search(md)[2], {*_events, *vars(ReproEvents), 'name', 'order'}  # fastai calls those
+    own = [k for k, v in vars(o).items() if not k.startswith('_') and (callable(v) or isinstance(v, property))
+           and (k not in events or pandoc_slug(f'{name}.{k}') in anchors)]
+    if not own: return md
+    def link(m): return f'[`{m}`](#{a})' if (a := pandoc_slug(f'{name}.{m}')) in anchors else f'`{m}`'
+    return md.rstrip() + '\n\nMethods: ' + ', '.join(link(m) for m in own) + '\n'
+
+
 def stage_nb(nb:dict, here:Path, site:str, pages:dict, titles:dict|None=None, executed:dict|None=None) -> dict:
     "One processed notebook as myst-nb should read it (with the outputs of `executed`, its executed copy)"
     nb = with_outputs(nb, executed)
@@ -159,6 +212,8 @@ def stage_nb(nb:dict, here:Path, site:str, pages:dict, titles:dict|None=None, ex
         head = f"# {fm['title']}" + (f"\n\n```{{rst-class}} lead\n```\n\n{fm['description']}" if fm.get('description')
                                       else '')
         cells.append({'cell_type': 'markdown', 'metadata': {}, 'source': head})
+    entries = frozenset(pandoc_slug(m[2]) for c in nb['cells'] for o in c.get('outputs', [])
+                        for m in ENTRY.finditer(''.join(o.get('data', {}).get('text/markdown', ''))))
     for c in nb['cells']:
         src = ''.join(c.get('source', ''))
         if c['cell_type'] == 'markdown': c['source'] = relink(src, here, site, pages, titles)
@@ -176,6 +231,7 @@ def stage_nb(nb:dict, here:Path, site:str, pages:dict, titles:dict|None=None, ex
             if opts.get('output') == 'asis':  # show_doc: its markdown is part of the page, as a markdown cell's is
                 md = ''.join(''.join(o.get('data', {}).get('text/markdown', '')) for o in c.pop('outputs', []))
                 md = re.sub(r'^\s*---\s*\n', '', md)  # show_doc's rule, which docutils refuses before a heading
+                md = entry_md(md, entries)
                 if 'remove-input' not in tags: cells.append(dict(c, outputs=[]))
                 c = {'cell_type': 'markdown', 'metadata': {}, 'source': relink(md, here, site, pages, titles)}
         cells.append(c)

@@ -17,7 +17,7 @@ from .state.kernel_env import portable_env
 from .state.kernels import set_deterministic, deterministic_switches, set_switches
 from .state.kernels import set_portable, restore_portable, portable_problems
 from .checkpoint.file import CheckpointError, ResumeError, checkpoint_info, read_checkpoint, atomic_torch_save
-from .checkpoint.file import checkpoint_summary, checkpoint_upgrade, CheckpointWriteError
+from .checkpoint.file import register_checkpoint_summary, checkpoint_upgrade, CheckpointWriteError
 from .callback.repro import ReproCB, UnseededStartWarning
 from .callback.preempt import CheckpointCB
 from .state.data import make_deterministic, undo_deterministic, set_epoch

@@ -4,7 +4,10 @@ no console error, every image decoded, every internal link and `#fragment` resol
 order of `nbs/sidebar.yml`, the guides first, every public name of `fastrepro.all` has its own entry that the site's
 search finds, the demo page shows its plots, math renders, and no page loads anything from another host. The outputs
 of the executed notebooks are on the pages: on at least `MIN_OUTPUT_PAGES` reference pages, the plots of `PLOTS`
-decoded, and no page shows this machine's temporary paths. Screenshots for a person to look at go to
+decoded, and no page shows this machine's temporary paths. What a reader meets (issue 61): classes shown as
+`class`, the callbacks before the internals in the sidebar, search results with snippets and each name once, no output
+that shows a function object, an address or `None` for a number, at most `MAX_TEST_CELLS` visible test-only cells on
+the site and no page over `MAX_PAGE_CHARS` characters of text. Screenshots for a person to look at go to
 /tmp/fastrepro_docs/.
 
 Skipped, with the reason, where Debian's `chromium` and `chromedriver` are missing (`apt-get install -y chromium
@@ -32,6 +35,17 @@ PLOTS = {'callback/fp16.html': 'the loss scale history', 'record/divergence.html
          'guides/tutorial.html': "the tutorial's loss scale"}
 MIN_OUTPUT_PAGES = 30  # reference pages that show at least one output of their executed notebook
 GUIDES = ('Start here', 'How-to guides')  # the sidebar's first sections, before the reference
+# what a reader meets: the callbacks a user adds before the internals they are built on (the sidebar's order)
+USER_FIRST, INTERNALS = ('callback/',), ('checkpoint/', 'record/', 'state/')
+MAX_PAGE_CHARS = 25_000  # a reference page's text (its main column): past that, a reader stops reading
+MAX_TEST_CELLS = 90  # visible code cells that only test (they run in CI; hidden or folded on the pages)
+TEST_CODE = re.compile(r'\b(?:test_eq|test_ne|test_fail|test_close|test_is|test_warns|test_stdout|test_eq_type|'
+                       r'test_shuffled|assert)\b')
+CLASS_AS_DEF = re.compile(r'\s*(?:async )?def [A-Z]\w*\(')  # fastrepro's functions are snake_case, its classes not
+FUNCTION_SHOWN = re.compile(r'<function |<bound method | at 0x[0-9a-f]{6,}>')  # an object's repr, not its value
+# `None` where a number belongs (a fit, epoch, iteration... whose number was lost on the way)
+NONE_NUMBER = re.compile(r'\b(?:[Ff]it|[Ee]poch|[Ii]teration|[Bb]atch|[Ff]ormat|[Ss]tep|[Ss]eed) None\b')
+ITERATION_PAGE = 'guides/howto_preemption.html'  # its prose says where the run was killed, its output where it stopped
 
 if CHROMIUM is None or CHROMEDRIVER is None:
     pytest.skip("Debian's chromium and chromedriver are not installed (apt-get install -y chromium chromium-driver): "
@@ -58,6 +72,16 @@ PROBE = """return {
   plots: [...document.querySelectorAll('main div.cell_output img')].map(i => ({ok: i.complete && i.naturalWidth > 0,
                                                                              w: i.naturalWidth, h: i.naturalHeight})),
   text: document.body.innerText,
+  chars: (document.querySelector('main article') || document.querySelector('main')).innerText.length,
+  // show_doc's entries (code blocks of the page's markdown, not cells): the first line of each signature
+  signatures: [...document.querySelectorAll('main div.highlight-python pre')].filter(p => !p.closest('div.cell'))
+    .map(p => p.textContent.split('\\n')[0]),
+  // code cells a reader sees (not folded away) that show nothing: their code, to tell the tests among them
+  silent_cells: [...document.querySelectorAll('main div.cell')].filter(c => {
+    const i = c.querySelector('.cell_input');
+    return i && i.offsetParent !== null && !i.closest('details:not([open])') &&
+      ![...c.querySelectorAll('.cell_output')].some(o => o.innerText.trim() || o.querySelector('img')); })
+    .map(c => c.querySelector('.cell_input').innerText),
   prose: (() => { const m = document.querySelector('main').cloneNode(true);  // the page without its code cells' inputs
                   m.querySelectorAll('.cell_input').forEach(e => e.remove()); return m.textContent; })()};"""
 
@@ -259,3 +283,66 @@ def test_guides_first(pages, site, browser):
     browser.get(site + 'guides/tutorial.html')
     browser.execute_script('return document.fonts.ready')
     browser.save_screenshot(str(SHOTS/'tutorial.png'))
+
+
+def test_classes_render_as_classes(pages):
+    "show_doc's entry of a class reads `class Name(...)`, never `def Name(`"
+    bad = {p: [s for s in r['signatures'] if CLASS_AS_DEF.match(s)] for p, r in pages.items()}
+    assert not any(bad.values()), {p: b for p, b in bad.items() if b}
+    assert any(s.startswith('class ReproCB(') for s in pages['callback/repro.html']['signatures']), \
+        pages['callback/repro.html']['signatures'][:5]
+
+
+def test_sidebar_follows_the_user(pages):
+    "The reference opens with the callbacks a user adds; the internals (checkpoint, record, state) come last"
+    shown = [urllib.parse.urlsplit(h).path.lstrip('/') for h in pages['index.html']['sidebar']]
+    first = lambda prefixes: min(i for i, s in enumerate(shown) if s.startswith(prefixes))
+    assert first(USER_FIRST) < first(INTERNALS), shown
+    assert all(not s.startswith(INTERNALS) for s in shown[:first(INTERNALS)]), shown
+    last_other = max(i for i, s in enumerate(shown) if not s.startswith(INTERNALS))
+    assert last_other < first(INTERNALS), f"a page after the internals: {shown[last_other]}"
+
+
+def test_search_snippets_each_name_once(site, browser):
+    "The search shows a snippet of each result (the pages' sources are shipped) and each name once"
+    assert (SITE/'_sources').is_dir(), "no _sources/ in the site: html_copy_source is off"
+    browser.get(site + 'search.html?q=ReproCB')
+    browser.set_script_timeout(PAGE_TIMEOUT_S)
+    res = browser.execute_async_script("""const done = arguments[arguments.length - 1], t0 = Date.now();
+      const go = () => { const items = [...document.querySelectorAll('#search-results li')];
+        if ((items.length && items.every(li => li.querySelector('p.context'))) || Date.now() - t0 > 8000)
+          done({has_source: DOCUMENTATION_OPTIONS.HAS_SOURCE, items: items.map(li => ({
+                title: li.querySelector('a').textContent, href: li.querySelector('a').getAttribute('href'),
+                snippet: (li.querySelector('p.context') || {}).textContent || ''}))});
+        else setTimeout(go, 100); };
+      go();""")
+    browser.save_screenshot(str(SHOTS/'search_snippets.png'))
+    assert res['has_source'], "DOCUMENTATION_OPTIONS.HAS_SOURCE is false: the search shows no snippets"
+    items = res['items']
+    assert items and all(i['snippet'].strip() for i in items[:5]), items[:5]
+    named = [i['href'].partition('#')[0] for i in items if i['title'].split(' > ')[-1] == 'ReproCB']
+    assert named[:1] == ['callback/repro.html'], items[:3]  # its own entry first
+    assert len(named) == len(set(named)), f"ReproCB listed more than once for a page: {named}"
+
+
+def test_outputs_true(pages):
+    "No output shows a function object or a memory address, nor `None` where a number belongs; the preemption "
+    "how-to's prose says the iteration its output shows"
+    bad = {p: [o[:160] for o in r['outputs'] if FUNCTION_SHOWN.search(o) or NONE_NUMBER.search(o)]
+           for p, r in pages.items()}
+    bad = {p: b + [m[0] for m in NONE_NUMBER.finditer(pages[p]['prose'])] for p, b in bad.items()}
+    assert not any(bad.values()), {p: b for p, b in bad.items() if b}
+    r = pages[ITERATION_PAGE]
+    said = re.findall(r'killed after iteration (\d+)', r['prose'])
+    shown = [m for o in r['outputs'] for m in re.findall(r"'iteration': (\d+)", o)]
+    assert said and shown and set(said) == set(shown), (said, shown)
+
+
+def test_reference_pages_readable(pages):
+    "No page's text is longer than `MAX_PAGE_CHARS`; at most `MAX_TEST_CELLS` code cells that only test are shown"
+    long = {p: r['chars'] for p, r in pages.items() if r['chars'] > MAX_PAGE_CHARS}
+    assert not long, f"pages over {MAX_PAGE_CHARS} characters of text: {long}"
+    tests = {p: [c for c in r['silent_cells'] if TEST_CODE.search(c)] for p, r in pages.items()}
+    n = sum(len(t) for t in tests.values())
+    assert n <= MAX_TEST_CELLS, (f"{n} visible test-only cells (at most {MAX_TEST_CELLS}): "
+                                 f"{ {p: len(t) for p, t in tests.items() if t} }")

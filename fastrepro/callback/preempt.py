@@ -284,8 +284,9 @@ class Autoresume:
                 link(p, cb.path)
             distrib_barrier()
             skipped = '; '.join(f"{e.path.name} ({e.why})" for e in tried)
+            fit = 'The fit' if cb.fit_number is None else f'Fit {cb.fit_number}'
             _tell(f"fastrepro: skipped the damaged {skipped}: its bytes changed after they were written; set aside "
-                  f"as *{DAMAGED_SUFFIX}. Fit {cb.fit_number} continues from {p.name}, the newest intact checkpoint.")
+                  f"as *{DAMAGED_SUFFIX}. {fit} continues from {p.name}, the newest intact checkpoint.")
             ck.info['path'] = str(cb.path)  # its name now
             return ck
         older = (f"CheckpointCB(keep={cb.keep}) kept no older one" if cb.keep == 1 else

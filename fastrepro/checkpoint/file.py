@@ -26,7 +26,7 @@ from .files import TMP_PREFIX
 __all__ = ['FORMAT_VERSION', 'DURABLE', 'BESIDE_BYTES', 'CheckpointError', 'ResumeError', 'atomic_torch_save',
            'CheckpointWriteError', 'write_failure', 'DamagedCheckpointError', 'checked_file', 'fastai_safe_globals',
            'read_checkpoint', 'split_state', 'model_signature', 'check_compatible', 'checkpoint_state',
-           'callback_states', 'to_plain', 'save_checkpoint', 'trace_logs', 'checkpoint_summary', 'Checkpoint',
+           'callback_states', 'to_plain', 'save_checkpoint', 'trace_logs', 'register_checkpoint_summary', 'Checkpoint',
            'checkpoint_info', 'checkpoint_upgrade', 'upgrade_state']
 
 # %% ../../nbs/checkpoint/05_file.ipynb #f299278a
@@ -369,8 +369,8 @@ for _cls, _clean in ((Learner, noop), (TextLearner, clean_raw_keys)):
 # %% ../../nbs/checkpoint/05_file.ipynb #4db791d2
 # callback name -> function(state) -> what `checkpoint_info` shows of that callback's state; fastrepro's own first
 _summaries = dict(SUMMARIES)
-def checkpoint_summary(name:str, # the callback's `name`, under which its state is stored
-                      ):
+def register_checkpoint_summary(name:str, # the callback's `name`, under which its state is stored
+                               ):
     "Decorator registering `f(state) -> dict` as what `checkpoint_info` shows of callback `name`'s state"
     def _register(f): _summaries[name] = f; return f
     return _register
