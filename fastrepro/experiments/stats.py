@@ -229,10 +229,9 @@ def ablation(baseline, # metric values of the baseline runs, one per seed
     shadowed = [n for n in names[:2] if df.verdict[n] == REGRESSION] if df.verdict[names[2]] == PROGRESSION else []
     for n in shadowed: df.loc[n, 'note'] = f'regresses alone; shadowed in {names[2]}'
     if shadowed:
-        df.loc[names[2], 'note'] = (f"progresses although {' and '.join(shadowed)} "
-                                    f"regress{'es' if len(shadowed) == 1 else ''} alone")
-        warnings.warn(f"Shadowed regression: {names[2]} progresses over the baseline while {' and '.join(shadowed)} "
-                      f"alone regress{'es' if len(shadowed) == 1 else ''}. Ship only the change that helps.",
-                      ComparisonWarning, stacklevel=2)
+        who, s = ' and '.join(shadowed), 'es' if len(shadowed) == 1 else ''
+        df.loc[names[2], 'note'] = f"progresses although {who} regress{s} alone"
+        warnings.warn(f"Shadowed regression: {names[2]} progresses over the baseline while {who} alone regress{s}. "
+                      "Ship only the change that helps.", ComparisonWarning, stacklevel=2)
     df.attrs['shadowed'] = shadowed
     return df

@@ -94,9 +94,7 @@ def _is_code(root:str, path:str, imported:set, outputs:list) -> bool:
 # %% ../../nbs/record/02_provenance.ipynb #6646f8bf
 KEPT_CELL_METADATA = ('tags',)  # what nbdev-clean and nbstripout keep of a cell's metadata: the rest is the editor's
 
-def _source(cell:dict) -> str:
-    s = cell.get('source', '')
-    return s if isinstance(s, str) else ''.join(s)
+def _source(cell:dict) -> str: return ''.join(cell.get('source', ''))  # a string, or a list of lines
 
 def notebook_code(nb:dict) -> list:
     "The sources of notebook `nb`'s code cells, in order: what running it executes"

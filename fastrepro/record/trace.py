@@ -200,8 +200,7 @@ def trace_frame(d:dict) -> pd.DataFrame:
 
 def _exact_float32(s:pd.Series, what:str) -> np.ndarray:
     "`s` as float32, refusing values that float32 would round"
-    a = s.to_numpy(np.float64)
-    b = a.astype(np.float32)
+    a, b = s.to_numpy(np.float64), s.to_numpy(np.float32)
     lost = ~((b.astype(np.float64) == a) | (np.isnan(a) & np.isnan(b)))
     if lost.any(): raise ValueError(f"The {what} holds values that float32 cannot hold exactly (e.g. {a[lost][0]!r}): "
                                     "a run trace records float32 losses and norms, so this is not one "
@@ -249,9 +248,8 @@ class RowsDigest:
 
     def copy(self) -> RowsDigest:
         "An independent copy (to digest a tail the running digest must not keep)"
-        res = RowsDigest()
-        res.rows, res.norms, res.n, res.names, res.hashed = (self.rows.copy(), self.norms.copy(), self.n, self.names,
-                                                             self.hashed)
+        res = copy(self)
+        res.rows, res.norms = self.rows.copy(), self.norms.copy()
         return res
 
     def hexdigest(self) -> str:
@@ -396,9 +394,7 @@ def load_trace(path, # a file from `save_trace`, or a fastrepro checkpoint (`lea
     except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
         raise ValueError(f"{path} holds objects that `torch.load(weights_only=True)` refuses: it is not a fastrepro "
                          f"trace file or checkpoint ({str(e).splitlines()[0]})") from e
-    if isinstance(d, dict) and d.get('format') == TRACE_FORMAT:
-        if d['version'] > TRACE_VERSION:
-            raise ValueError(f"{path} was written by a newer fastrepro (trace format {d['version']}): "
-                             "upgrade fastrepro.")
-        return trace_frame(d['trace'])
-    return trace_frame(_checkpoint_trace(d, path))
+    if not (isinstance(d, dict) and d.get('format') == TRACE_FORMAT): return trace_frame(_checkpoint_trace(d, path))
+    if d['version'] > TRACE_VERSION:
+        raise ValueError(f"{path} was written by a newer fastrepro (trace format {d['version']}): upgrade fastrepro.")
+    return trace_frame(d['trace'])

@@ -72,8 +72,7 @@ def sign_run(git:dict|None, # a git record with its `patch` (`checkpoint_info(f)
 
 def trusted_file() -> Path:
     "The signatures of the records this user trusted (`trust_run`), beside the secret"
-    f = secret_file()
-    return f.with_name(f.name + TRUSTED_SUFFIX)
+    return Path(f"{secret_file()}{TRUSTED_SUFFIX}")
 
 def _trusted() -> set:
     f = trusted_file()
@@ -165,12 +164,10 @@ def entry_problem(entry:dict|None) -> str|None:
     if not isinstance(entry, dict): return f"the entry point is {type(entry).__name__}, not a record"
     extra = [k for k in entry if k not in ENTRY_FIELDS]
     if extra: return f"field entry.{extra[0]} is not one fastrepro writes"
-    missing = [k for k in ENTRY_FIELDS if k not in entry]
-    if missing: return f"field entry.{missing[0]} is missing"
+    if missing := [k for k in ENTRY_FIELDS if k not in entry]: return f"field entry.{missing[0]} is missing"
     kind, env = entry['kind'], entry['env']
     if kind not in ENTRY_KINDS: return f"field entry.kind is {kind!r}, not one of {', '.join(ENTRY_KINDS)}"
-    why = _command_problem(kind, entry['command'])
-    if why: return f"field entry.command: {why}"
+    if why := _command_problem(kind, entry['command']): return f"field entry.command: {why}"
     opts = entry['python_options']
     bad = f"is {opts!r}" if not isinstance(opts, list) else _option_problem(opts)
     if bad: return (f"field entry.python_options holds {bad}, not an interpreter option that changes no code "
@@ -181,8 +178,8 @@ def entry_problem(entry:dict|None) -> str|None:
     if foreign: return f"field entry.env holds {foreign}: fastrepro records only ENTRY_ENV variables"
     if not all(isinstance(v, str) and '\0' not in v for v in env.values()):
         return "field entry.env: a value is not text"
-    why = _launcher_problem(entry['launcher'])
-    if why: return f"field entry.launcher {why}, not what fastrepro records (name, world_size, nproc_per_node, nnodes)"
+    if why := _launcher_problem(entry['launcher']):
+        return f"field entry.launcher {why}, not what fastrepro records (name, world_size, nproc_per_node, nnodes)"
     cells = entry['cells']
     if cells is not None and (kind not in ('notebook', 'ipython') or not isinstance(cells, list)
                               or not all(isinstance(c, str) for c in cells)):
