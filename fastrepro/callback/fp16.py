@@ -6,8 +6,6 @@ Docs: https://fastrepro.github.io/fastrepro/callback/fp16.html.md"""
 
 # %% ../../nbs/callback/02_fp16.ipynb #a32c4ef5
 from __future__ import annotations
-import warnings
-from collections import namedtuple
 from fastai.basics import *
 from fastai.callback.fp16 import MixedPrecision, AMPMode
 from torch.amp import autocast, GradScaler

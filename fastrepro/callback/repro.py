@@ -6,7 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/callback/repro.html.md"""
 
 # %% ../../nbs/callback/01_repro.ipynb #04a93941
 from __future__ import annotations
-import secrets, random
+import secrets
 from fastai.basics import *
 from ..state.core import *
 from ..state.rng import derive_seed, seed_global, rng_states, torch_seeded

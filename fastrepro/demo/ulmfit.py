@@ -6,8 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/demo/ulmfit.html.md"""
 
 # %% ../../nbs/demo/01_ulmfit.ipynb #da7b9072
 from __future__ import annotations
-import os, socket, random, dataclasses, tempfile, shutil
-from collections import namedtuple
+import socket, dataclasses
 from dataclasses import dataclass
 from urllib.parse import urlparse
 from fastai.text.all import *

@@ -145,7 +145,6 @@ def unseen_rows(a:pd.DataFrame, # a run trace
     return ' and '.join(gaps) + (", its digest matches" if da and db and da == db else
                                  ", its rows could not be compared (the checkpoint holds no digest of them)")
 
-
 # %% ../../nbs/record/03a_divergence.ipynb #b78fa6cb
 def _frame_tensors(df:pd.DataFrame|None) -> dict|None:
     "The columns of `df` as tensors of their own dtype (exact, `weights_only`-safe)"

@@ -8,12 +8,10 @@ Docs: https://fastrepro.github.io/fastrepro/record/trace.html.md"""
 from __future__ import annotations
 import uuid, json, pickle, zipfile, hashlib, warnings
 from fastai.basics import *
-from ..checkpoint.file import atomic_torch_save, read_checkpoint, split_state, upgrade_state
+from ..checkpoint.file import atomic_torch_save, read_checkpoint, split_state, upgrade_state, DURABLE
 from ..checkpoint.trace_file import TraceLog, MissingLogError, MAGIC
 from ..checkpoint.files import CheckpointFiles
-from ..checkpoint.manifest import state_digest
 from ..checkpoint.fastai_state import logged_rows, recorder_rows
-from ..checkpoint.file import DURABLE
 
 # %% auto #0
 __all__ = ['TRACE_EVERY', 'TRACE_KEYS', 'TRACE_COLUMNS', 'INITIAL_WEIGHTS', 'GAP', 'NORM_PREFIX', 'ROWS_DIGEST', 'TRACE_FORMAT',
@@ -268,7 +266,6 @@ def rows_digest(trace:pd.DataFrame, # a run trace (`trace_frame`)
     "The digest of all the rows of `trace`'s run, None when it is not known"
     if ROWS_DIGEST in trace.attrs: return trace.attrs[ROWS_DIGEST]
     return None if GAP in trace.attrs else RowsDigest().update(compact_frame(trace)).hexdigest()
-
 
 # %% ../../nbs/record/03_trace.ipynb #9e338ba4
 class TraceFile:

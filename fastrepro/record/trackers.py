@@ -6,7 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/record/trackers.html.md"""
 
 # %% ../../nbs/record/04_trackers.ipynb #aea37c3f
 from __future__ import annotations
-import os, sys, time, hashlib, contextlib
+import contextlib
 from fastai.basics import *
 from fastai.callback.progress import CSVLogger
 from fastai.callback.fp16 import MixedPrecision

@@ -6,9 +6,6 @@ Docs: https://fastrepro.github.io/fastrepro/state/audit.html.md"""
 
 # %% ../../nbs/state/08_audit.ipynb #c7cd827d
 from __future__ import annotations
-import re, warnings
-import numpy as np, pandas as pd, torch
-from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 from fastai.basics import *
 from fastai.callback.fp16 import MixedPrecision

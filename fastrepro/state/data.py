@@ -6,13 +6,9 @@ Docs: https://fastrepro.github.io/fastrepro/state/data.html.md"""
 
 # %% ../../nbs/state/05_data.ipynb #3461f3f2
 from __future__ import annotations
-import random, itertools
 from dataclasses import dataclass
-from contextlib import contextmanager, nullcontext
-import numpy as np, torch, pandas as pd
-from torch.utils.data import get_worker_info
+from contextlib import nullcontext
 from fastai.basics import *
-from fastai.data.load import DataLoader
 from .rng import derive_seed, NUMPY_SEED_MOD
 from .core import digest
 

@@ -6,11 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/state/passes.html.md"""
 
 # %% ../../nbs/state/06_passes.ipynb #66a855b5
 from __future__ import annotations
-import hashlib, warnings
-from contextlib import contextmanager
-import numpy as np, torch
 from fastai.basics import *
-from fastai.data.load import DataLoader
 from .data import SHUFFLE_STREAM, ServedPass, data_streams, make_deterministic, set_epoch, _cpu_states
 from .data import _as_epoch, _base, _order_holder, _reset_order, _seeded, _cuda_gen, _set_cpu_states
 
