@@ -221,8 +221,7 @@ def pretrained_weights(profile:str|Profile, # the profile to run
                        timeout:float=NETWORK_TIMEOUT_S, # seconds to wait for the download server
                       ) -> tuple[bool, str]:
     "Can `profile` start from fastai's WT103 weights? `(available, why)`: they must be here or downloadable now"
-    p = get_profile(profile)
-    if not p.pretrained:
+    if not (p := get_profile(profile)).pretrained:
         return False, (f"trained from scratch: the {p.name} profile's small AWD-LSTM (emb {p.emb_sz}, "
                        f"hidden {p.n_hid}, {p.n_layers} layers) has no pretrained weights")
     url = urlparse(URLs.WT103_FWD)

@@ -94,15 +94,13 @@ def _check_age(b:pd.DataFrame, e:pd.DataFrame, max_age, names:tuple):
     "Warn when the oldest baseline run started more than `max_age` before the newest experiment run"
     if max_age is None: return  # else a timedelta, a pandas string such as '30 days', or seconds
     max_age = pd.Timedelta(seconds=max_age) if isinstance(max_age, (int, float)) else pd.Timedelta(max_age)
-    gap = e.started.max() - b.started.min()
-    if gap > max_age:
+    if (gap := e.started.max() - b.started.min()) > max_age:
         warnings.warn(f"The {names[0]} runs started up to {gap.round('1s')} before the {names[1]} runs (more than "
                       f"max_baseline_age={max_age}): machines, drivers and packages drift. Re-run the "
                       f"{names[0]}.", ComparisonWarning, stacklevel=3)
 
 def _check_seeds(runs:pd.DataFrame, name:str):
-    seeds = runs.seed.dropna()
-    if seeds.duplicated().any():
+    if (seeds := runs.seed.dropna()).duplicated().any():
         warnings.warn(f"The {name} runs repeat seeds {sorted({int(s) for s in seeds[seeds.duplicated()]})}: runs with "
                       "the same seed are copies, not independent samples. Use distinct seeds.", ComparisonWarning,
                       stacklevel=3)

@@ -178,8 +178,7 @@ def seeds_needed(effect:float, # smallest true difference of the means worth det
     lo = 2
     while lo <= MAX_SEEDS:
         ns = np.arange(lo, 2*lo + 1)
-        ok = np.nonzero(seed_power(ns, effect, sd, alpha, alternative) >= power)[0]
-        if len(ok): return int(ns[ok[0]])
+        if len(ok := np.nonzero(seed_power(ns, effect, sd, alpha, alternative) >= power)[0]): return int(ns[ok[0]])
         lo = 2*lo + 1
     raise ValueError(f"Detecting effect={effect} with sd={sd} needs more than {MAX_SEEDS} seeds per arm: the effect is "
                      "too small compared to the seed-to-seed spread. Reduce the spread or look for a larger effect.")

@@ -152,8 +152,7 @@ def _file_stamp(path:str):
 
 def _cached(cache:dict, where, key, stamps, compute):
     "`compute()`, reusing the value `cache[where]` holds for `key`; cached only when no file of `stamps` is racy"
-    hit = cache.get(where)
-    if hit is not None and hit[0] == key: return hit[1]
+    if (hit := cache.get(where)) is not None and hit[0] == key: return hit[1]
     res, recent = compute(), time.time_ns() - RACY_SECONDS*10**9
     if all(s is None or s[1] < recent for s in stamps): cache[where] = key, res
     else: cache.pop(where, None)
@@ -315,8 +314,7 @@ class RankMismatchError(RuntimeError):
 def check_ranks_agree(prov:dict, # this process's `run_provenance`
                      ) -> list:
     "Raise `RankMismatchError` when a rank records other code or another environment than rank 0; all the records"
-    mine = dict(commit=prov['commit'], diff_hash=prov['git']['diff_hash'], env=prov['env'])
-    ranks, bad = all_gather(mine), []
+    ranks, bad = all_gather(dict(commit=prov['commit'], diff_hash=prov['git']['diff_hash'], env=prov['env'])), []
     for r, o in enumerate(ranks[1:], 1):
         diff = {k: (ranks[0][k], o[k]) for k in ('commit', 'diff_hash') if o[k] != ranks[0][k]}
         diff.update(env_diff(ranks[0]['env'], o['env']))

@@ -111,18 +111,14 @@ class Trace:
         digest.update(tail)  # one pass over the new rows: the file is never read again for it
         self._clear()
 
-    def _rows(self) -> dict:
-        "Every row in compact form: the trace file's, then the tail's"
+    def _whole(self) -> dict:
+        "`state_dict` with every row in its tail: the trace file's, then the tail's"
         chunks = [r['trace'] for r in self.log.records()] if self.log is not None else []
-        return joined_trace(chunks + [self._tail()])
+        return {**self.state_dict(), 'tail': joined_trace(chunks + [self._tail()])}
 
     def inline(self):
         "Read the trace file's rows back into the tail (a checkpoint that could not write beside it holds them all)"
-        if self.log is not None: self.load_state_dict({**self.state_dict(), 'tail': self._rows()})
-
-    def compact(self) -> dict:
-        "The whole trace in compact form: the trace file's rows, then the tail; initial weights, events and gap"
-        return {**self._rows(), **{k: v for k, v in self.state_dict().items() if k != 'tail'}}
+        if self.log is not None: self.load_state_dict(self._whole())
 
     def note(self, it:int, event:str):
         "Record that `event` happened at iteration `it`"
@@ -130,7 +126,7 @@ class Trace:
 
     def frame(self) -> pd.DataFrame:
         "The trace as a DataFrame: `fit`, `epoch`, `iter`, `loss`, and one `norm:<parameter>` column per parameter"
-        return trace_frame(self.compact())
+        return trace_frame(compact_of(self._whole()))
 
 # %% ../../nbs/record/03_trace.ipynb #bcf7cd6b
 def _segments(fit, epoch, it) -> np.ndarray:

@@ -180,8 +180,7 @@ def entry_problem(entry:dict|None) -> str|None:
         return "field entry.env: a value is not text"
     if why := _launcher_problem(entry['launcher']):
         return f"field entry.launcher {why}, not what fastrepro records (name, world_size, nproc_per_node, nnodes)"
-    cells = entry['cells']
-    if cells is not None and (kind not in ('notebook', 'ipython') or not isinstance(cells, list)
+    if (cells := entry['cells']) is not None and (kind not in ('notebook', 'ipython') or not isinstance(cells, list)
                               or not all(isinstance(c, str) for c in cells)):
         return f"field entry.cells holds {type(cells).__name__} in a {kind!r} run: fastrepro records cells of notebooks"
     for k in ('cwd', 'python'):
@@ -195,8 +194,7 @@ def git_problem(git:dict|None) -> str|None:
     if commit is not None and not (isinstance(commit, str) and COMMIT.fullmatch(commit)):
         return f"field git.commit is {commit!r}, not a commit's object name"
     if patch is not None and not isinstance(patch, str): return "field git.patch is not text"
-    dirty = [k for k in ('diff_hash', 'dirty', 'modified', 'staged', 'untracked') if git.get(k)]
-    if dirty and not patch:
+    if (dirty := [k for k in ('diff_hash', 'dirty', 'modified', 'staged', 'untracked') if git.get(k)]) and not patch:
         return (f"field git.{dirty[0]} says the tree was dirty, but the record holds no patch: the commit alone is "
                 "not the code that ran")
 

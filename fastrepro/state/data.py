@@ -341,8 +341,7 @@ def data_signature(dls) -> dict:
     parts = list(vocab) if len(vocab) and is_listy(vocab[0]) else [vocab]
     # a classifier's `dls.vocab` is a new list at each access, of the same (text, labels) vocabularies
     key = tuple((id(v), len(v)) for v in parts)
-    cached = dls.__dict__.get('_repro_data_signature')
-    if cached and cached[0] == key: return cached[1]
+    if (cached := dls.__dict__.get('_repro_data_signature')) and cached[0] == key: return cached[1]
     flat = [list(map(str, v)) for v in parts]
     sig = {'vocab_digest': digest(flat), 'vocab_sizes': [len(v) for v in flat]}
     dls.__dict__['_repro_data_signature'] = (key, sig)
