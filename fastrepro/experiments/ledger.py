@@ -138,10 +138,6 @@ class Ledger(LedgerStore):
                               f"({one_line(e)}); they stay there. Send them with: fastrepro runs --sync {sp.path} "
                               f"--ledger {self.db.address}", LedgerWarning)
 
-    def check_fields(self, fields:dict):
-        "Raise `LedgerError` if `fields` holds a name that is not a ledger field"
-        _check_fields(fields)
-
     def add(self, record:dict, # the run's fields; `experiment` is required
            ) -> int:
         "Add a run; returns its id. `status` defaults to 'completed' and `started` to now"

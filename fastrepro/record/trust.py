@@ -90,7 +90,6 @@ def trust_run(git:dict|None, entry:dict|None) -> str:
         with os.fdopen(os.open(f, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), 'a') as h: h.write(sig + '\n')
     return sig
 
-# %% ../../nbs/record/05_trust.ipynb #73763c2d
 _warned = set()  # the secret files a save could not sign with: each warns once per process
 
 def signature_or_none(git:dict|None, entry:dict|None) -> str|None:
