@@ -262,10 +262,6 @@ def code_changes(saved:dict, # a `git_info` record with its `patch` (a checkpoin
     return f"changed since: {_shown(files)}" if files else "the same files, another patch"
 
 # %% ../../nbs/record/02_provenance.ipynb #cf801d91
-def _listing(info:dict) -> str:
-    "The dirty files of `info`, by category, at most `MAX_FILES_SHOWN` each"
-    return '; '.join(f"{k}: {_shown(info[k])}" for k in ('modified', 'staged', 'untracked') if info[k])
-
 def ignore_line(path:str) -> str:
     "The `.gitignore` line that makes the untracked `path`, and the other files of its folder, stop counting"
     return f"/{path.rsplit('/', 1)[0]}/" if '/' in path else f"/{path}"
@@ -288,8 +284,9 @@ def check_clean(info:dict, # the result of `git_info`
         raise DirtyTreeError(f"The git repository {info['root']} has no commits yet, so no commit can identify the "
                              "code this run uses and its result could not be reproduced. Commit the code (`git add -A "
                              "&& git commit`), or pass allow_dirty=True to record the full patch with the run.")
-    if info['dirty']:
-        raise DirtyTreeError(f"The git working tree {info['root']} has uncommitted changes to code ({_listing(info)}). "
+    if info['dirty']:  # the dirty files by category, at most `MAX_FILES_SHOWN` each
+        listing = '; '.join(f"{k}: {_shown(info[k])}" for k in ('modified', 'staged', 'untracked') if info[k])
+        raise DirtyTreeError(f"The git working tree {info['root']} has uncommitted changes to code ({listing}). "
                              f"The recorded commit {info['commit'][:12]} is not the code that would run, so the result "
                              "could not be reproduced. Commit (or stash) these changes, or pass allow_dirty=True to "
                              "record the patch with the run." + _output_hint(info))

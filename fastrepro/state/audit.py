@@ -92,8 +92,7 @@ class StackedRNN(Module):
         rows = slice(i*self.num_directions, (i+1)*self.num_directions)
         return tuple(h[rows] for h in hx) if isinstance(hx, tuple) else hx[rows]
 
-    def _drop(self, x):
-        return x._replace(data=self.drop(x.data)) if isinstance(x, PackedSequence) else self.drop(x)
+    def _drop(self, x): return x._replace(data=self.drop(x.data)) if isinstance(x, PackedSequence) else self.drop(x)
 
     def forward(self, input, hx=None):
         "As the multi-layer module's `forward`: output, and the final states `(num_layers*num_directions, B, H)`"
