@@ -195,12 +195,11 @@ class Ledger(LedgerStore):
 
     def experiments(self) -> pd.DataFrame:
         "Runs per experiment and variant: how many, how many completed, first and last start"
-        cols = ['experiment', 'variant', 'runs', 'completed', 'first', 'last']
         with self._connect() as con:
             rows = self._execute(con, """SELECT experiment, variant, count(*),
                                          sum(CASE WHEN status = 'completed' THEN 1 ELSE 0 END), min(started),
                                          max(started) FROM runs GROUP BY experiment, variant""")
-            df = pd.DataFrame(rows.fetchall(), columns=cols)
+            df = pd.DataFrame(rows.fetchall(), columns=['experiment', 'variant', 'runs', 'completed', 'first', 'last'])
         for c in ('first', 'last'): df[c] = pd.to_datetime(df[c], utc=True, format='ISO8601')
         # sorted here, not in SQL: a server sorts text by its locale, SQLite by code point
         return df.sort_values(['experiment', 'variant'], na_position='first', ignore_index=True)

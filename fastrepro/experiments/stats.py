@@ -84,9 +84,8 @@ class CompareResult:
 
     def _title(self) -> str:
         test = "Student's" if self.equal_var else "Welch's"
-        sense = 'higher' if self.higher_is_better else 'lower'
         return (f"{self.metric or 'metric'}: {self.names[1]} vs {self.names[0]} ({test} t-test, {self.alternative}, "
-                f"alpha={self.alpha:g}, {sense} is better)")
+                f"alpha={self.alpha:g}, {'higher' if self.higher_is_better else 'lower'} is better)")
 
     def table(self) -> pd.DataFrame:
         "Size, mean and standard deviation of each sample, and the difference with its confidence interval"
