@@ -7,7 +7,7 @@ Docs: https://fastrepro.github.io/fastrepro/experiments/sweep.html.md"""
 # %% ../../nbs/experiments/06_sweep.ipynb #a33eb66d
 from __future__ import annotations
 import os, sys, time, uuid, pickle, socket, warnings, threading, traceback, contextlib, multiprocessing
-import pandas as pd
+import numpy as np, pandas as pd
 from collections.abc import Mapping
 from functools import partial
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, wait, FIRST_COMPLETED

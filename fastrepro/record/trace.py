@@ -126,7 +126,8 @@ class Trace:
 
     def frame(self) -> pd.DataFrame:
         "The trace as a DataFrame: `fit`, `epoch`, `iter`, `loss`, and one `norm:<parameter>` column per parameter"
-        return trace_frame(compact_of(self._whole()))
+        whole = self._whole()
+        return trace_frame({**whole.pop('tail'), **whole})
 
 # %% ../../nbs/record/03_trace.ipynb #bcf7cd6b
 def _segments(fit, epoch, it) -> np.ndarray:
