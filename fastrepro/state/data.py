@@ -115,8 +115,7 @@ def _seed_cpu(seed:int, cuda_gen=None):
 def _cpu_states() -> tuple: return random.getstate(), np.random.get_state(), torch.default_generator.get_state()
 
 def _set_cpu_states(states:tuple):
-    py, npy, pt = states
-    random.setstate(py); np.random.set_state(npy); torch.default_generator.set_state(pt)
+    random.setstate(states[0]); np.random.set_state(states[1]); torch.default_generator.set_state(states[2])
 
 def _cuda_gen(dl):
     "The generator of the CUDA device `dl` puts its batches on, if any: batch transforms there draw from it"
