@@ -133,7 +133,7 @@ def harness_checks(args, prof, df, out:Path, env:dict) -> list:
     run(spec, 'preempt', SIGTERM_STATUS, kill=(it, signal.SIGTERM))
     info = checkpoint_info(out/'models'/'checkpoint.pth')
     run(spec, 'resume', checkpoint='checkpoint', record='D.pt')
-    where = f"epoch {info['start_epoch']} batch {info['batch']}"
+    where = f"epoch {info['epoch']} batch {info['batch']}"
     mid = {f'D (SIGTERM at iteration {it}, {where}; resumed)': RunRecord.load(out/'D.pt')}
     results = []
     for title, runs in (('1. fp16 classifier, stopped after an epoch', recs),

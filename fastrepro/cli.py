@@ -334,7 +334,7 @@ def show_text(info:dict) -> str:
     code = f"{git['commit'][:12]} ({state})" if git.get('commit') else 'none (not trained from a git repository)'
     n_epoch = '?' if info['n_epoch'] is None else info['n_epoch']
     rows = {'seed': info['seed'],
-            'position': f"fit {info['fit_idx']}, epoch {info['start_epoch']} of {n_epoch}, batch {info['batch']}, "
+            'position': f"fit {info['fit']}, epoch {info['epoch']} of {n_epoch}, batch {info['batch']}, "
                         f"iteration {info['iteration']}" + (' (its fit ended)' if info['fit_ended'] else ''),
             'commit': code,
             'environment': f"python {env.get('python')}, torch {env.get('torch')}, fastai {env.get('fastai')}, "

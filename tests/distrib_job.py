@@ -61,7 +61,7 @@ def main(mode, out, arg=None):
     if mode == 'resume':
         learn.dls.one_batch(); torch.rand(3)  # stray draws before the load: they change nothing
         learn.load(arg)
-        start = checkpoint_info(out/'models'/f'{arg}.pth')['start_epoch']
+        start = checkpoint_info(out/'models'/f'{arg}.pth')['epoch']
     with learn.distrib_ctx(sync_bn=False), learn.no_bar(), learn.no_logging():
         learn.fit_one_cycle(N_EPOCH, LR, start_epoch=start, cbs=[masks] + cbs)
     torch.save({'digest': state_digest(learn.model), 'loss': learn.repro_trace.loss.tolist(),

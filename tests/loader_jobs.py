@@ -214,7 +214,7 @@ def stop(kind:str, share, where:str, out:Path):
     try: train(learn, 'unstopped', out)
     except SystemExit as e:  # CheckpointCB's exit at the signal
         info = checkpoint_info(out/'run'/'models'/'checkpoint.pth')
-        if rank_distrib() == 0: torch.save({k: info[k] for k in ('start_epoch', 'batch', 'iteration')} |
+        if rank_distrib() == 0: torch.save({k: info[k] for k in ('epoch', 'batch', 'iteration')} |
                                            {'n_batches': n, 'status': e.code}, out/'stopped.pt')
         if share == 'ddp': sys.exit(e.code)  # torchrun's ranks end as a killed job's do
 

@@ -304,7 +304,7 @@ def test_periodic_checkpoints_on_full_disk(tmpfs, tmp_path):
     assert 'checkpoint not written at iteration 8' in notes and 'ENOSPC' in notes
     # the newest usable checkpoint at the failure resumes bit-identically
     res = learner(tmp_path).load('checkpoint')
-    fit(res, start_epoch=kept['info']['start_epoch'])
+    fit(res, start_epoch=kept['info']['epoch'])
     assert same_model(res, ref) and res.repro_trace.loss.tolist() == ref.repro_trace.loss.tolist()
     # a user's save on the full disk raises in the same plain words
     fill(tmpfs)

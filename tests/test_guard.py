@@ -46,7 +46,7 @@ with warnings.catch_warnings(record=True) as said:
     with learn.no_bar(), learn.no_logging(): learn.fit(2, 1e-2)
 print('FIT', [str(w.message) for w in said if 'CheckpointCB' in str(w.message)])
 info = checkpoint_info('models/checkpoint.pth')
-print('NEWEST', info['start_epoch'], info['batch'], info['iteration'])
+print('NEWEST', info['epoch'], info['batch'], info['iteration'])
 '''
 
 RESUME = '''

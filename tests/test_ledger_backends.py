@@ -156,6 +156,13 @@ def test_schema_refusals(address):
     assert '\n' not in str(e.value) and time.time() - t < 5
 
 
+
+def test_migration_from_version_3(address):
+    "A version-3 ledger's fit positions get the keys of a checkpoint's position, by SQL both backends run"
+    Ledger(address).put('r', dict(experiment='x', hyperparameters=dict(lr=0.1, fit_idx=1, start_epoch=2)))
+    execute(address, 'UPDATE ledger_schema SET version = 3')
+    assert Ledger(address).record('r')['hyperparameters'] == dict(lr=0.1, fit=1, epoch=2)
+
 def _server_error(url:str, bound_s:float) -> str:
     "The one-line `LedgerError` of opening `url`, checked to come within `bound_s` (a hang fails the test, bounded)"
     ex = ThreadPoolExecutor(1)

@@ -82,7 +82,7 @@ def test_resumes_inside_an_epoch(runs, case):
     assert r['at'] is not None and all(o['unstopped'] is None for o in r['runs']), said(r['stopped'])
     at = r['at']
     assert at['status'] == SIGTERM_STATUS, at
-    assert at['start_epoch'] == 2 and 0 < at['batch'] <= at['n_batches'], at
+    assert at['epoch'] == 2 and 0 < at['batch'] <= at['n_batches'], at
     assert (at['batch'] == at['n_batches']) == (where == 'last'), at
     err = printed(r['stopped'].stderr, case)
     assert f"checkpoint written at epoch 2, after {at['batch']} of" in err, err[-2000:]

@@ -56,7 +56,7 @@ def preempt_and_resume(job, ref, it, sig, name):
     spec = job.write()
     run(spec, 'preempt', stopped(sig), kill=(it, sig))
     info = checkpoint_info(job.path/'models'/'checkpoint.pth')
-    assert (info['start_epoch'], info['batch'], info['iteration']) == position(it, len(ref.trace)//N_EPOCH), (info, it)
+    assert (info['epoch'], info['batch'], info['iteration']) == position(it, len(ref.trace)//N_EPOCH), (info, it)
     run(spec, 'resume', checkpoint='checkpoint', record=name)
     check_same(job, ref, name)
 
@@ -85,7 +85,7 @@ def test_lm_resumes_inside_an_epoch(lm_ref, tmp_path):
         if k == 0: run(spec, 'preempt', stopped(sig), kill=(it, sig))
         else: run(spec, 'resume', stopped(sig), checkpoint='checkpoint', kill=(it, sig))
         info = checkpoint_info(job.path/'models'/'checkpoint.pth')
-        assert (info['start_epoch'], info['batch'], info['iteration']) == position(it, n_iter), (info, it)
+        assert (info['epoch'], info['batch'], info['iteration']) == position(it, n_iter), (info, it)
     run(spec, 'resume', checkpoint='checkpoint', record='lm.pt')
     check_same(job, ref, 'lm.pt')
 

@@ -100,7 +100,7 @@ def trained(tmp_path_factory):
 def test_reproduced_bit_for_bit_after_the_checkout_moved_on(trained, tmp_path, capsys, monkeypatch):
     root, ckpt = trained
     info = checkpoint_info(ckpt)
-    assert (info['fit_idx'], info['start_epoch'], info['batch'], info['iteration']) == (2, 1, 2, 6)
+    assert (info['fit'], info['epoch'], info['batch'], info['iteration']) == (2, 1, 2, 6)
     assert info['git']['dirty'] and info['git']['untracked'] == ['helpers.py']
     before = _state(root)
     monkeypatch.setenv('PYTHONPATH', str(ROOT))

@@ -221,9 +221,9 @@ class Autoresume:
         if info['fit_ended']: return self._skip(cb.path, ck)  # stopped before its end state had its name
         self._check(info)
         cb.learn.load(cb.fname, with_opt=cb.with_opt, checkpoint=ck)
-        _tell(f"fastrepro: fit {n} continues where an earlier run stopped it: epoch {info['start_epoch']}, "
+        _tell(f"fastrepro: fit {n} continues where an earlier run stopped it: epoch {info['epoch']}, "
               f"after {info['batch']} batch(es), from {cb.path}.")
-        return info['start_epoch']
+        return info['epoch']
 
     def _skip(self, file:Path, ck:Checkpoint) -> None:
         "Skip this fit, which an earlier run completed: load its end state from `file` (read: `ck`), as the fit left it"
@@ -267,7 +267,7 @@ class Autoresume:
         except CheckpointError as e: return f"The newest checkpoint cannot be continued from: {e}"
         if info is None or (cb.autoresume and info.get('fit_number') != cb.fit_number):
             return "There is no checkpoint of this fit: a rerun starts it over."
-        return (f"The newest usable checkpoint is {cb.path} (epoch {info['start_epoch']}, after {info['batch']} "
+        return (f"The newest usable checkpoint is {cb.path} (epoch {info['epoch']}, after {info['batch']} "
                 "batches): run the script again to continue from it.")
 
     def newest_intact(self) -> Checkpoint:

@@ -6,18 +6,16 @@ Docs: https://fastrepro.github.io/fastrepro/check/localise.html.md"""
 
 # %% ../../nbs/check/06_localise.ipynb #49be6f71
 from __future__ import annotations
-import json, contextlib
+import contextlib
 from copy import deepcopy
 from dataclasses import dataclass, field, fields, asdict
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from fastai.basics import *
-from ..state.core import in_fit, training_fit
+from ..state.core import in_fit
 from ..state.rng import rng_states, restore_rng_states
 from ..state.kernels import deterministic_switches, set_switches, cpu_threads
-from ..checkpoint.file import model_signature
 from ..checkpoint.manifest import state_digest
-from .rebuild import EXIT_REPRODUCED
 
 # %% auto #0
 __all__ = ['STEP_PASSES', 'MODEL_NAME', 'LOSS_NAME', 'THREADS_HINT', 'HYPERS_HINT', 'AUDIT_HINT', 'SWITCHES_HINT',
@@ -205,8 +203,8 @@ def switches(**kw) -> Side:
     return Side(', '.join(f'{k}={v}' for k, v in kw.items()), lambda learn: _switches(kw), SWITCHES_HINT)
 
 def as_is() -> Side:
-    "The step as this process runs it"
-    return Side('as it is')
+    "The step as this process runs it: twice, its steps differ only where they are nondeterministic"
+    return Side('as it is', hint=AUDIT_HINT)
 
 # %% ../../nbs/check/06_localise.ipynb #2f8f8183
 class SideBySide:
@@ -368,8 +366,7 @@ def audit_step(learn:Learner,
                where:str='', # the step's place in the run, for the verdict
               ) -> StepDivergence:
     "Name the first nondeterministic module of a step of `learn` run twice the same way"
-    run = SideBySide(learn, (as_is(), as_is()), batch)
-    return localise(run, run.sides, AUDIT_HINT, where)
+    return localise_step(learn, as_is(), as_is(), batch, where)
 
 # %% ../../nbs/check/06_localise.ipynb #6c958ba3
 def combine(*sides:Side) -> Side:

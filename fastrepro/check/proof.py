@@ -158,7 +158,7 @@ def _stop(folder:Path, recipe:str, stop:str):
     ckpt = learn.path/learn.model_dir/'checkpoint.pth'
     info = checkpoint_info(ckpt) if ckpt.exists() else {}
     return dict(status=status, want=[1, 0 if stop == 'boundary' else n//2],
-                got=[info.get('start_epoch'), info.get('batch')])
+                got=[info.get('epoch'), info.get('batch')])
 
 def _stops(recipe:str) -> tuple: return STOPS if recipe in LOADERS else ('middle',)
 

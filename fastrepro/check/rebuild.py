@@ -12,7 +12,6 @@ from ..state.core import digest
 from ..checkpoint.file import CheckpointError, Checkpoint
 from ..record.provenance import git_info
 from ..record.trace import whole_state, compact_of, trace_frame
-from ..checkpoint.trace_file import DamagedLogError
 from ..experiments.store import one_line
 
 # %% auto #0
@@ -27,8 +26,13 @@ class ReproduceError(RuntimeError):
     "`reproduce` could not run: not a fastrepro checkpoint, no repository or commit, a patch that does not apply, ..."
 
 # %% ../../nbs/check/01_rebuild.ipynb #a1700015
+# a run whose code no commit records: `reproduce` has nothing to rebuild
+_NO_COMMIT = ("the run was recorded outside any git repository (or before its first commit): no commit records its "
+              "code, so it cannot be rebuilt. Run it from a committed git checkout.")
+
 def _record(path) -> dict:
-    "What a checkpoint records for `reproduce`: its summary, weights, optimizer and fastrepro state (upgraded)"
+    ("What a checkpoint records for `reproduce`, read once: its summary, weights, optimizer and fastrepro state "
+     "(upgraded), its trace with the rows of its trace file, and the `Checkpoint` itself")
     path = Path(path)
     if not path.is_file(): raise ReproduceError(f"{path}: no such file. Pass a checkpoint a fastrepro run wrote "
                                                 "(`learn.save`, `CheckpointCB`).")
@@ -43,14 +47,10 @@ def _record(path) -> dict:
                                  "checkpoint written by a learner with ReproCB attached.")
         info = ck.info  # a damaged trace file beside it is refused here
     except CheckpointError as e: raise ReproduceError(one_line(e)) from e
-    if not (info['git'] or {}).get('commit'):
-        raise ReproduceError(f"{path} was written outside any git repository (or before its first commit): no commit "
-                             "records its code, so it cannot be rebuilt. Reproduce runs started from a committed git "
-                             "checkout.")
-    try: repro = whole_state(ck.extra['callbacks']['repro_cb'], path)  # its rows in the trace file beside it too
-    except DamagedLogError as e: raise ReproduceError(one_line(e)) from e
+    if not (info['git'] or {}).get('commit'): raise ReproduceError(f"{path}: {_NO_COMMIT}")
+    repro = whole_state(ck.extra['callbacks']['repro_cb'], ck.logs[0].get('repro_cb'))  # with its trace file's rows
     extra = {**ck.extra, 'callbacks': {**ck.extra['callbacks'], 'repro_cb': repro}}
-    return dict(path=path, info=info, model=ck.model, opt=ck.opt, extra=extra,
+    return dict(path=path, info=info, model=ck.model, opt=ck.opt, extra=extra, checkpoint=ck,
                 trace=trace_frame(compact_of(repro['trace'])))
 
 def _git(cwd, *args, input:bytes|None=None, check:bool=True) -> subprocess.CompletedProcess:
@@ -82,9 +82,7 @@ def rebuild_problem(git:dict|None, # a checkpoint's git record (`checkpoint_info
                     repo=None, # the repository with the commit (default: where the run was recorded)
                    ) -> str|None:
     "Why `reproduce` cannot rebuild the recorded code here (no commit, repository or commit here); None when it can"
-    if not (git or {}).get('commit'):
-        return ("the run was recorded outside any git repository (or before its first commit): no commit records its "
-                "code. Run it from a committed git checkout.")
+    if not (git or {}).get('commit'): return _NO_COMMIT
     try: code_root(git, repo)
     except ReproduceError as e: return str(e)
 

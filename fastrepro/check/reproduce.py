@@ -20,9 +20,8 @@ from ..checkpoint.manifest import POSITION_KEYS, read_manifest, manifest_key
 from .rebuild import ReproduceError, EXIT_REPRODUCED, EXIT_PARTS, _record, _git, code_root, code_worktree
 from .rebuild import _interruptible
 from .rerun import rerun_env, _expected_env, rerun_command, run_to_position, _tail, where_in_step
-from .verdict import env_differences, prediction, compare_states, compare_digests, verdict, Reproduction
-from .verdict import _quantity, _data
-from .where import WHERE_NAME
+from .verdict import env_differences, prediction, compare_states, verdict, Reproduction
+from .verdict import _quantity, _data, _fmt_diffs
 
 # %% auto #0
 __all__ = ['MAX_CANDIDATES', 'STOP_NAME', 'RUN_FIELDS', 'PLACEHOLDER_WT', 'ledger_checkpoint', 'record_reproduction', 'reproduce',
@@ -49,7 +48,7 @@ def ledger_checkpoint(record:pd.Series, # a row of `Ledger.runs`
         if _ledger_run(ck) not in (record.run_key, record.name): continue
         info = ck.info
         if (info['git'] or {}).get('commit') == record.commit and info['seed'] == record.seed:
-            found.append(((info['start_epoch'], info['batch']), str(f)))
+            found.append(((info['epoch'], info['batch']), str(f)))
     if not found:
         raise ReproduceError(f"Ledger run {record.name} has no checkpoint under {where} (none written by its fit, "
                              "with its commit and seed): pass the checkpoint itself.")
@@ -78,18 +77,12 @@ def record_reproduction(ledger:Ledger, # the ledger of the reproduced run
         tags=dict(reproduces=int(run.name), exit_code=res.exit_code, parts=res.parts, host=env.get('hostname'),
                   out=res.out)))
 
-def _data_verdict(run:pd.Series|None, facts:dict, signatures:str) -> str:
-    "The data verdict: the ledger's fingerprint of the run's data against the re-run's, else the signatures'"
-    if run is None or run.data_fingerprint is None: return signatures
-    a, b = run.data_fingerprint, facts['data_fingerprint']
-    return 'same' if a == b else f"differs: data fingerprint {a} recorded, {b} in the re-run"
-
 # %% ../../nbs/check/04_reproduce.ipynb #a1700040
 STOP_NAME = 'reproduced'  # the re-run's checkpoint at the recorded position: `{out}/reproduced.pth` (and `.json`)
 
 def _position(info:dict, extra:dict) -> dict:
     "Where checkpoint `info` was written, and by which learner (its model's digest, its run seed)"
-    return dict(fit=info['fit_idx'], epoch=info['start_epoch'], batch=info['batch'], iteration=info['iteration'],
+    return dict(fit=info['fit'], epoch=info['epoch'], batch=info['batch'], iteration=info['iteration'],
                 model=extra['model']['digest'], seed=info['seed'])
 
 def _entry_position(entry:dict) -> dict:
@@ -162,10 +155,10 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
                              f"{pos['batch']}); its last output: {_tail(out/'rerun.log')}")
     t = time.perf_counter()
     again = {**_record(stop), 'facts': json.loads(stop.with_suffix('.json').read_text())}
-    quantities = compare_states(rec, again) if until is None else compare_digests(until, rec, again)
-    after = env_differences(info['env'], again['facts']['env'])
-    data = _data_verdict(record, again['facts'], _data(rec, again))
+    quantities = compare_states(rec, again, until)
     unseen = unseen_rows(rec['trace'], again['trace'], (Path(checkpoint).name, 'the re-run'))  # never a difference
+    after = env_differences(info['env'], again['facts']['env'])
+    data = _data(rec, again, None if record is None else record.data_fingerprint)
     text, parts, code = verdict(quantities, pos, after, data, unseen)
     timings['compare'] = time.perf_counter() - t
     found = None
@@ -176,9 +169,8 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
         text, timings['where'] = f"{text}; where in the step: {found['text']}", time.perf_counter() - t
     manifest = CheckpointFiles(checkpoint).manifest
     what = str(checkpoint) if until is None else f"{manifest} (a deleted checkpoint's digests)"
-    res = Reproduction(what, git['commit'], text, code,
-                       {k: pos[k] for k in POSITION_KEYS},
-                       parts, {q: (None if w is None else _quantity(q, w)) for q, w in quantities.items()},
+    res = Reproduction(what, git['commit'], text, code, {k: pos[k] for k in POSITION_KEYS}, parts,
+                       {q: (None if w is None else _quantity(q, w)) for q, w in quantities.items()},
                        prediction(before, after), before, after, data, argv, str(out), timings, where=found)
     if record is not None:
         res.ledger_run, res.record = int(record.name), record_reproduction(book, record, res, again['facts'])
@@ -334,7 +326,7 @@ def plan_lines(plan:dict) -> list:
     "The lines `fastrepro reproduce --plan` prints of a plan (`reproduce(..., plan=True)`)"
     files = ', '.join(f'{f} +{a} -{r}' for f, a, r in plan['patch'])
     patch = f"{len(plan['patch'])} file(s): {files}" if plan['patch'] else 'none'
-    diffs = ', '.join(f"{d['field']} {d['recorded']} -> {d['here']}" for d in plan['expected'] if not d['bits'])
+    diffs = _fmt_diffs(plan['expected'], bits=False)
     trusted = ('not needed: it carries no code' if not plan['carries'] else 'yes: signed by you, or trusted' if
                plan['trusted'] else 'no: refused without --trust (`fastrepro trust FILE` trusts it for later)')
     return [f"fastrepro reproduce --plan {plan['checkpoint']}: runs nothing",
@@ -367,7 +359,7 @@ def segment_plan(checkpoint, # the newest checkpoint `CheckpointCB` wrote (`{fna
      "is that checkpoint's file where it is kept (`entry` None), else `checkpoint` with `entry` its manifest line")
     p, files = Path(checkpoint), CheckpointFiles(checkpoint)
     infos = {f: checkpoint_info(f) for f in [*files.older()[::-1], p, *files.fit_ends()]}
-    kept = {(i['fit_idx'], i['start_epoch'], i['batch']): f for f, i in infos.items()
+    kept = {(i['fit'], i['epoch'], i['batch']): f for f, i in infos.items()
             if _run_key(i) == _run_key(infos[p])}
     ends = sorted({**{manifest_key(e): (p, e) for e in read_manifest(p)}, **{k: (f, None) for k, f in kept.items()}}
                   .items())

@@ -252,10 +252,8 @@ class WhereRun:
         res.unlink(missing_ok=True)
         stop.write_text(json.dumps({**self.pos, 'path': str(self.out/'where-unused'), 'where': {**target,
                                                                                                 'out': str(res)}}))
-        env = rerun_env(self.info['entry'], self.env)
-        for k, v in (kernels or {}).items():
-            if v is None: env.pop(k, None)
-            else: env[k] = v
+        env = rerun_env(self.info['entry'], {**(self.env or {}), **(kernels or {})})
+        env = {k: v for k, v in env.items() if v is not None}  # a kernel variable set to None: unset
         with _interruptible(), code_worktree(self.root, self.git) as wt:
             argv, cwd = rerun_command(self.info['entry'], wt, stop, self.command)
             run_to_position(argv, cwd, env, log, self.timeout or WHERE_TIMEOUT_S)

@@ -18,8 +18,8 @@ from ..checkpoint.manifest import checkpoint_digests
 from .rebuild import EXIT_REPRODUCED, EXIT_PARTS
 
 # %% auto #0
-__all__ = ['NO_BIT_FIELDS', 'DIGEST_QUANTITIES', 'env_differences', 'prediction', 'first_difference', 'compare_states',
-           'compare_digests', 'verdict', 'Reproduction']
+__all__ = ['NO_BIT_FIELDS', 'DIGEST_QUANTITIES', 'env_differences', 'prediction', 'first_difference', 'compare_states', 'verdict',
+           'Reproduction']
 
 # %% ../../nbs/check/03_verdict.ipynb #df9b3932
 NO_BIT_FIELDS = ('hostname', 'os', 'n_packages')  # differences that never change a run's bits (names, paths, counts)
@@ -86,15 +86,14 @@ def _held(ra:dict, rb:dict) -> dict:
     s = a['start'] - b['start']
     return {**rb, 'recorder': {**b, 'start': a['start'], 'losses': b['losses'][s:], 'lrs': b['lrs'][s:]}}
 
-def compare_states(a:dict, b:dict) -> dict:
-    "Each quantity of two checkpoints -> None when bit-identical, else where it first differs"
+def _states_differ(a:dict, b:dict) -> dict:
+    "Each quantity of two checkpoints but their traces -> None when bit-identical, else where it first differs"
     ca, cb = a['extra']['callbacks'], b['extra']['callbacks']
     ra, rb = (_computed('repro_cb', c['repro_cb']) for c in (ca, cb))
     rb = _held(ra, rb)
     if 'end' not in ra: rb.pop('end', None)  # the recorded checkpoint's format (5 and older) kept no fit end
     ia, ib = dict(ra.pop('inside', None) or {}), dict(rb.pop('inside', None) or {})  # popped from: copies
-    d = first_divergence(a['trace'], b['trace'], detail=True)
-    res = {'trace': d, 'weights': first_difference(a['model'], b['model'], 'model'),
+    res = {'weights': first_difference(a['model'], b['model'], 'model'),
            'optimizer state': first_difference(a['opt'], b['opt'], 'opt'),
            'generator states': first_difference(ia.pop('generators', None), ib.pop('generators', None), 'generators'),
            'loss-scale history': first_difference(ca.get('mixed_precision'), cb.get('mixed_precision'), 'scaler'),
@@ -105,23 +104,21 @@ def compare_states(a:dict, b:dict) -> dict:
 
 DIGEST_QUANTITIES = {'weights': 'weights', 'optimizer state': 'optimizer', 'generator states': 'generators'}
 
-def _trace_before(trace:pd.DataFrame, pos:dict) -> pd.DataFrame:
-    "The rows of `trace` a checkpoint written at `pos` holds: its iterations before `pos`'s"
-    res = trace[(trace.fit < pos['fit']) | ((trace.fit == pos['fit']) & (trace.iter < pos['iteration']))]
-    res.attrs = {k: v for k, v in trace.attrs.items() if k != ROWS_DIGEST}  # the digest of all its rows: not these
-    return res
-
-def compare_digests(entry:dict, # the manifest entry of a checkpoint `keep` deleted (`read_manifest`)
-                    a:dict, # the run's newest checkpoint, as read: its trace holds the deleted one's
-                    b:dict, # the re-run's checkpoint at the entry's position, as read
-                   ) -> dict:
-    "Each quantity -> None when bit-identical, else where it first differs, by the digests the manifest recorded"
-    ta, tb = a['trace'], b['trace']
-    got = checkpoint_digests(b['path'])
-    res = {'trace': first_divergence(_trace_before(ta, entry), tb, detail=True)}
-    for q, k in DIGEST_QUANTITIES.items():
-        res[q] = None if got[k] == entry[k] else f"sha256 {str(entry[k])[:12]} recorded, {str(got[k])[:12]} re-run"
-    return res
+def compare_states(a:dict, # the recorded checkpoint, as read (`_record`); with `entry`: the run's newest
+                   b:dict, # the re-run's checkpoint at the same position, as read
+                   entry:dict|None=None, # the manifest entry of a checkpoint `keep` deleted (`read_manifest`)
+                  ) -> dict:
+    ("Each quantity of two checkpoints -> None when bit-identical, else where it first differs; with `entry`, the "
+     "trace before its position and the weights, optimizer and generators by the digests it recorded")
+    t = a['trace']
+    if entry is None: res = _states_differ(a, b)
+    else:
+        got = checkpoint_digests(b['checkpoint'])  # the re-run's checkpoint as read: not read again
+        res = {q: None if got[k] == entry[k] else f"sha256 {str(entry[k])[:12]} recorded, {str(got[k])[:12]} re-run"
+               for q, k in DIGEST_QUANTITIES.items()}
+        t = t[(t.fit < entry['fit']) | ((t.fit == entry['fit']) & (t.iter < entry['iteration']))]  # the rows it held
+        t.attrs = {k: v for k, v in a['trace'].attrs.items() if k != ROWS_DIGEST}  # the digest of all rows: not these
+    return {'trace': first_divergence(t, b['trace'], detail=True), **res}
 
 # %% ../../nbs/check/03_verdict.ipynb #a1700034
 def _quantity(name:str, where) -> str:
@@ -158,8 +155,12 @@ def verdict(quantities:dict, position:dict, env_after:list, data:str,
              f"at fit {fit}, epoch {epoch}, iteration {it}, first in {parts['quantity']}")
     return f"parts {where}; {because}", parts, EXIT_PARTS
 
-def _data(a:dict, b:dict) -> str:
-    "The data verdict of two checkpoints: their data signatures (the vocabulary, for text)"
+def _data(a:dict, b:dict, fingerprint:str|None=None) -> str:
+    ("The data verdict of two checkpoints: the ledger's `fingerprint` of the recorded run's data against the "
+     "re-run's (`b['facts']`), else their data signatures (the vocabulary, for text)")
+    if fingerprint is not None:
+        a, b = fingerprint, b['facts']['data_fingerprint']
+        return 'same' if a == b else f"differs: data fingerprint {a} recorded, {b} in the re-run"
     sa, sb = a['extra']['data'], b['extra']['data']
     if not sa and not sb: return 'not recorded (no vocabulary); the trace compares what the data did'
     return 'same' if sa == sb else f"differs: vocabulary sizes {sa.get('vocab_sizes')} vs {sb.get('vocab_sizes')}"

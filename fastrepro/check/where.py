@@ -11,14 +11,13 @@ from dataclasses import asdict
 from fastai.basics import *
 from ..state.core import training_fit
 from ..state.kernels import deterministic_switches
-from ..checkpoint.file import model_signature
+from ..checkpoint.file import model_signature, checkpoint_info
 from ..state.environment import environment_info
 from ..checkpoint.files import CheckpointFiles
 from ..checkpoint.manifest import checkpoint_digests
 from ..record.divergence import first_divergence, BEFORE_TRAINING
 from .rebuild import EXIT_REPRODUCED
-from .verdict import env_differences
-from ..checkpoint.file import checkpoint_info
+from .verdict import env_differences, _fmt_diffs
 from .localise import StepProbe, StepDivergence, Side, localise, localise_step
 from .localise import threads, switches, combine, HYPERS_HINT, AUDIT_HINT
 
@@ -189,10 +188,8 @@ NOT_RECORDED_HINT = ("no difference of their recorded environments explains it: 
 
 def processes_differ(a, b) -> str:
     "What differs between the recorded environments of the runs of checkpoints `a` and `b`, as a verdict says it"
-    diffs = [d for d in env_differences(checkpoint_info(a)['env'], checkpoint_info(b)['env']) if d['bits']]
-    if not diffs: return NOT_RECORDED_HINT
-    return "their recorded environments differ: " + ', '.join(f"{d['field']} {d['recorded']} -> {d['here']}"
-                                                               for d in diffs)
+    why = _fmt_diffs(env_differences(checkpoint_info(a)['env'], checkpoint_info(b)['env']))
+    return f"their recorded environments differ: {why}" if why else NOT_RECORDED_HINT
 
 def where_runs_part(make_learner, # `make_learner()` builds the runs' learner (with `ReproCB`), as their script does
                     a, b, # a checkpoint of each run (`CheckpointCB`'s newest: the older ones beside it are found)

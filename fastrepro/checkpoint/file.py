@@ -30,7 +30,7 @@ __all__ = ['FORMAT_VERSION', 'DURABLE', 'BESIDE_BYTES', 'CheckpointError', 'Resu
            'checkpoint_info', 'checkpoint_upgrade', 'upgrade_state']
 
 # %% ../../nbs/checkpoint/05_file.ipynb #f299278a
-FORMAT_VERSION = 8            # the checkpoint layout; a change bumps it, and older ones keep loading (`upgrade_state`)
+FORMAT_VERSION = 9            # the checkpoint layout; a change bumps it, and older ones keep loading (`upgrade_state`)
 
 class CheckpointError(RuntimeError):
     "A checkpoint that cannot be used for an exact resume: corrupt, truncated, or from another model or data"
@@ -388,6 +388,7 @@ class Checkpoint:
         self.path = Path(path)
         self.model, self.opt, self.stored = split_state(read_checkpoint(path, device or 'cpu', mmap, weights_only))
         self.extra, self.notes = (None, []) if self.stored is None else upgrade_state(self.stored, path, learn)
+        self.logs = None  # each rank's part's `trace_logs` (rank 0's first), once `info` has opened and checked them
 
     @functools.cached_property
     def info(self) -> dict:
@@ -399,8 +400,8 @@ class Checkpoint:
         res.update(format=self.stored['format'], upgrade_notes=self.notes, callbacks=sorted(extra['callbacks']))
         for name, state in extra['callbacks'].items():
             if name in _summaries: res.update(_summaries[name](state))
-        parts = [extra['callbacks'], *extra.get('rank_callbacks', [])]
-        logs = [o for part in parts for o in trace_logs(part, path).values()]
+        self.logs = [trace_logs(part, path) for part in [extra['callbacks'], *extra.get('rank_callbacks', [])]]
+        logs = [o for part in self.logs for o in part.values()]
         inside = 'inside' if 'repro_cb' in extra['callbacks'] else None  # format 6, or one that could not be written
         res['trace_file'] = next((f"missing: {e}" for e in logs if isinstance(e, MissingLogError)),
                                  'intact' if logs else inside)

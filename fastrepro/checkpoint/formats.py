@@ -49,8 +49,8 @@ def unpack_entry(entry:dict|None) -> dict|None:
 def _repro_summary(state:dict) -> dict:
     "What `checkpoint_info` shows of a `ReproCB` state"
     pos, prov = state['position'], state['provenance']
-    return dict(seed=state['seed'], fit_idx=pos['fit'], n_epoch=pos['n_epoch'], start_epoch=pos['epoch'],
-                batch=pos['batch'], iteration=pos['train_iter'], env=prov['env'], git=unpack_git(prov['git']),
+    return dict(seed=state['seed'], fit=pos['fit'], n_epoch=pos['n_epoch'], epoch=pos['epoch'],
+                batch=pos['batch'], iteration=pos['iteration'], env=prov['env'], git=unpack_git(prov['git']),
                 entry=unpack_entry(prov['entry']), device=prov['device'], world_size=state['world_size'],
                 trackers=state['trackers'], fit_ended='end' in state or _fit_ended(pos),
                 rows_sha256=state['trace'].get('rows_sha256'),  # `ROWS_DIGEST` (format 8 and later)
@@ -108,6 +108,12 @@ def _repro_from_v6(d:dict, learn:Learner|None) -> tuple:
     return {**d, 'trace': trace, 'beside': None,
             'recorder': None if rec is None else {**rec, 'session': d['position']['fit'], 'start': 0}}, []
 
+def _repro_from_v8(d:dict, learn:Learner|None) -> tuple:
+    ("A format-8 `ReproCB` state in format 9: its position's iteration (fastai's `train_iter`) under the key it has "
+     "everywhere else, `iteration`")
+    pos = {k: v for k, v in d['position'].items() if k != 'train_iter'}
+    return {**d, 'position': {**pos, 'iteration': d['position']['train_iter']}}, []
+
 # %% ../../nbs/checkpoint/03_formats.ipynb #a8673e09
 def _loss_scale_summary(state:dict) -> dict:
     "What `checkpoint_info` shows of a `ReproMixedPrecision` state: the mode and the loss scale a resume continues from"
@@ -133,5 +139,5 @@ def _checkpoint_cb_from_v5(d:dict, learn:Learner|None) -> tuple:
 SUMMARIES = {'repro_cb': _repro_summary, 'mixed_precision': _loss_scale_summary,
              'checkpoint_cb': _checkpoint_cb_summary}
 UPGRADES = {('repro_cb', 1): _repro_from_v1, ('repro_cb', 2): _repro_from_v2, ('repro_cb', 3): _repro_from_v3,
-            ('repro_cb', 6): _repro_from_v6,
+            ('repro_cb', 6): _repro_from_v6, ('repro_cb', 8): _repro_from_v8,
             ('mixed_precision', 1): _loss_scale_from_v1, ('checkpoint_cb', 5): _checkpoint_cb_from_v5}

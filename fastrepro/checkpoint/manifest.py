@@ -10,7 +10,7 @@ import os, json, hashlib
 from fastai.basics import *
 from ..state.core import digest
 from .files import CheckpointFiles, TMP_PREFIX
-from .file import read_checkpoint, split_state
+from .file import read_checkpoint, split_state, Checkpoint
 
 # %% auto #0
 __all__ = ['POSITION_KEYS', 'state_digest', 'nested_digest', 'checkpoint_digests', 'read_manifest', 'manifest_key',
@@ -44,15 +44,16 @@ def nested_digest(o) -> str|None:
     _walk(o, '')
     return digest([state_digest(tensors), sorted(plain.items())], None)
 
-def checkpoint_digests(checkpoint, # a checkpoint's path, or the state `save_checkpoint` wrote to it
+def checkpoint_digests(checkpoint, # a checkpoint's path, its `Checkpoint` as read, or the state `save_checkpoint` wrote
                       ) -> dict:
     ("Where `checkpoint` was written (`POSITION_KEYS`, model signature, run seed) and the digests of its weights, "
      "optimizer state and generator states (None: none saved; at an epoch's start they derive from the seed)")
-    state = checkpoint if isinstance(checkpoint, dict) else read_checkpoint(checkpoint, mmap=True)
-    model, opt, extra = split_state(state)
+    if isinstance(checkpoint, Checkpoint): model, opt, extra = checkpoint.model, checkpoint.opt, checkpoint.stored
+    else: model, opt, extra = split_state(checkpoint if isinstance(checkpoint, dict) else
+                                          read_checkpoint(checkpoint, mmap=True))
     repro = extra['callbacks']['repro_cb']
     pos = repro['position']
-    return dict(fit=pos['fit'], epoch=pos['epoch'], batch=pos['batch'], iteration=pos['train_iter'],
+    return dict(fit=pos['fit'], epoch=pos['epoch'], batch=pos['batch'], iteration=pos['iteration'],
                 model=extra['model']['digest'], seed=repro['seed'], weights=state_digest(model),
                 optimizer=nested_digest(opt), generators=nested_digest((repro.get('inside') or {}).get('generators')))
 

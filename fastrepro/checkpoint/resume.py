@@ -28,9 +28,9 @@ __all__ = ['END_COUNTERS', 'IDENTITY', 'SCHEDULE_POINTS', 'Position', 'inside_st
 @dataclass
 class Position:
     ("Where a run stands: its fit (0-based, on this learner), the fit's epochs, the next epoch to run, the batches "
-     "done in it")
+     "done in it; stored with the training iteration, fastai's `train_iter`")
     fit:int=-1; n_epoch:int|None=None; epoch:int=0; batch:int=0
-    def state_dict(self, learn) -> dict: return dict(asdict(self), train_iter=int(getattr(learn, 'train_iter', 0)))
+    def state_dict(self, learn) -> dict: return dict(asdict(self), iteration=int(getattr(learn, 'train_iter', 0)))
 
 # %% ../../nbs/checkpoint/08_resume.ipynb #33a7d9b0
 def inside_state(learn, # the learner, inside an epoch of its fit
@@ -157,7 +157,7 @@ class ResumePlan:
         if not self.resumes: return  # a new fit: a fresh Recorder, iterations from 0
         if p['recorder'] is not None and hasattr(learn, 'recorder'):
             set_recorder_state(learn.recorder, p['recorder'], learn.dls.device or 'cpu', log.records() if log else [])
-        learn.train_iter = p['position']['train_iter']
+        learn.train_iter = p['position']['iteration']
         if 'loader_orders' in p: set_loader_orders(learn.dls, p['loader_orders'])
         set_fastai_callback_states(learn, p['fastai_callbacks'])
 

@@ -244,7 +244,7 @@ def run_job(spec, # a job file (`Job.write`)
         learn.freeze_to(job.stages[-1].freeze_to)
         learn.lr_find(num_it=5, show_plot=False)  # a real fit with its own temporary checkpoint: it changes nothing
         learn.load(checkpoint)
-        start = checkpoint_info(learn.path/learn.model_dir/f'{checkpoint}.pth')['start_epoch']
+        start = checkpoint_info(learn.path/learn.model_dir/f'{checkpoint}.pth')['epoch']
         fit_stage(learn, job.stages[-1], freeze=False, method=job.method, start_epoch=start, cbs=job.last_cbs(*hit))
         return job.record(learn, record or f'resumed-{checkpoint}.pt')
     learn = job.learner()

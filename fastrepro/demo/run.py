@@ -82,13 +82,13 @@ def check_resume(demo:Demo):
     (ok, why), (ok2, why2) = (same_run(ref.clas, RunRecord.load(path/f'resumed-{c}.pt')) for c in (ck, 'checkpoint'))
     git = info['git']
     code = f"commit {git['commit'][:8]}{' + patch' if git['dirty'] else ''}" if git and git['commit'] else 'no commit'
-    detail = (f"Killed by SIGKILL after epoch {info['start_epoch']} (checkpoint: seed {info['seed']}, "
-              f"fit {info['fit_idx']}, iteration {info['iteration']}, {code}); resumed in a fresh process with "
+    detail = (f"Killed by SIGKILL after epoch {info['epoch']} (checkpoint: seed {info['seed']}, "
+              f"fit {info['fit']}, iteration {info['iteration']}, {code}); resumed in a fresh process with "
               f"global seed {demo.seed + RESUME_SEED_OFFSET}: {why} with the uninterrupted run. Stopped by SIGTERM "
-              f"inside epoch {inside['start_epoch']}, after {inside['batch']} of {n_iter} batches (CheckpointCB wrote "
+              f"inside epoch {inside['epoch']}, after {inside['batch']} of {n_iter} batches (CheckpointCB wrote "
               f"the checkpoint at the signal and exited with {termed.returncode}), and resumed there: {why2}.")
     ok3, why3 = _killed_between_stages(demo)
-    keys = ('seed', 'fit_idx', 'start_epoch', 'batch', 'iteration', 'callbacks')
+    keys = ('seed', 'fit', 'epoch', 'batch', 'iteration', 'callbacks')
     return ok and ok2 and ok3, f"{detail} {why3}", dict(checkpoint={**{k: info[k] for k in keys},
                                                                 'num_threads': info['env']['num_threads']},
                                                     inside={k: inside[k] for k in keys})

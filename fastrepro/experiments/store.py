@@ -30,7 +30,7 @@ def ledger_address(address=None) -> Path|str:
     return a if isinstance(a, str) and a.startswith(SERVER_SCHEMES) else Path(a).expanduser()
 
 # %% ../../nbs/experiments/02_store.ipynb #0e821f92
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 SCHEMA = [  # a ledger of version SCHEMA_VERSION; JSON fields and `metric_version`, `data_fingerprint` as JSON text
     '''CREATE TABLE runs (id {id}, experiment TEXT NOT NULL, variant TEXT, seed BIGINT, "commit" TEXT,
        dirty INTEGER, patch TEXT, git TEXT, env_hash TEXT, env TEXT, hyperparameters TEXT, tags TEXT, metrics TEXT,
@@ -46,6 +46,9 @@ MIGRATIONS = {  # version v -> the statements that bring a version-v ledger to v
     1: ['ALTER TABLE runs ADD COLUMN entry TEXT', 'ALTER TABLE runs ADD COLUMN run_key TEXT',
         'CREATE UNIQUE INDEX runs_run_key ON runs (run_key)', 'ALTER TABLE runs ADD COLUMN trackers TEXT'],
     2: ['ALTER TABLE runs ADD COLUMN initial_weights TEXT'],  # 3: the digest of the weights the run started from
+    # 4: where a fit started, under the keys of a checkpoint's position (`fit`, `epoch`; were `fit_idx`, `start_epoch`)
+    3: ["""UPDATE runs SET hyperparameters = REPLACE(REPLACE(hyperparameters, '"fit_idx":', '"fit":'),
+                                                        '"start_epoch":', '"epoch":')"""],
 }
 FIELDS = ('experiment', 'variant', 'seed', 'commit', 'dirty', 'patch', 'git', 'env_hash', 'env', 'hyperparameters',
           'tags', 'metrics', 'metric_version', 'data_fingerprint', 'status', 'started', 'finished', 'duration', 'notes',

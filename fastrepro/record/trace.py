@@ -339,17 +339,15 @@ def save_trace(trace:pd.DataFrame, # a run trace, e.g. `learn.repro_trace`
 def gap_end(state:dict) -> list:
     "Where the rows of a missing trace file end: at the checkpoint's own first row, else at its position"
     seg = state['trace']['tail']['segments']
-    return [int(seg[0, 0]), int(seg[0, 2])] if len(seg) else [state['position'][k] for k in ('fit', 'train_iter')]
+    return [int(seg[0, 0]), int(seg[0, 2])] if len(seg) else [state['position'][k] for k in ('fit', 'iteration')]
 
 def whole_state(state:dict, # a checkpoint's `ReproCB` state, in the current format (`upgrade_state`)
-                path, # the checkpoint: its trace file is beside it
+                log:TraceLog|MissingLogError|None, # the file its pin names, opened (`trace_logs`)
                ) -> dict:
     "`state` with every row of its run in it: the whole trace and the Recorder's rows, the pin left out"
     pin, trace, rec = state.get('beside'), dict(state['trace']), state['recorder']
-    records = []
-    if pin is not None:
-        try: records = TraceLog.open(pin, path).records()
-        except MissingLogError: trace[GAP] = trace.get(GAP) or gap_end(state)
+    records = log.records() if isinstance(log, TraceLog) else []
+    if isinstance(log, MissingLogError): trace[GAP] = trace.get(GAP) or gap_end(state)
     trace['tail'] = joined_trace([r['trace'] for r in records] + [trace['tail']])
     if ROWS_DIGEST not in trace and GAP not in trace: trace[ROWS_DIGEST] = RowsDigest.of([trace['tail']]).hexdigest()
     res = {**{k: v for k, v in state.items() if k != 'beside'}, 'trace': trace}
@@ -371,7 +369,10 @@ def _checkpoint_trace(d:dict, path:Path) -> dict:
     if 'repro_cb' not in cbs:
         raise ValueError(f"{path} is a checkpoint without a run trace: was it saved by a Learner with `ReproCB` "
                          "attached?")
-    return compact_of(whole_state(cbs['repro_cb'], path)['trace'])
+    pin = cbs['repro_cb'].get('beside')
+    try: log = None if pin is None else TraceLog.open(pin, path)
+    except MissingLogError as e: log = e
+    return compact_of(whole_state(cbs['repro_cb'], log)['trace'])
 
 def load_trace(path, # a file from `save_trace`, or a fastrepro checkpoint (`learn.save`'s .pth)
               ) -> pd.DataFrame:

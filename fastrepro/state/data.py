@@ -56,7 +56,7 @@ def _as_epoch(epoch):
     "`epoch` as an int or a non-empty tuple of ints (a state dict stores a tuple as a list)"
     if not isinstance(epoch, (tuple, list)): return int(epoch)
     if len(epoch) == 0:
-        raise ValueError("The pass coordinate `epoch` is an empty tuple: give an int or a tuple like (fit_idx, epoch).")
+        raise ValueError("The pass coordinate `epoch` is an empty tuple: give an int or a tuple like (fit, epoch).")
     return tuple(int(o) for o in epoch)
 
 @dataclass
@@ -73,7 +73,7 @@ class ServedPass:
 class DataStreams:
     "The run `seed` and current pass coordinate `epoch` from which a DataLoader draws all its randomness"
     def __init__(self, seed:int, # the run seed
-                 epoch=0, # the pass coordinate: an int, or a tuple such as `(fit_idx, epoch)`
+                 epoch=0, # the pass coordinate: an int, or a tuple such as `(fit, epoch)`
                  per_item:bool=True, # seed the generators before each item (True) or once per batch (False, cheaper)
                  dl_idx:int=0, # the loader's index in its `DataLoaders`, so that train and valid draw different streams
                  steps_draw:bool=True, # steps can draw random numbers (`steps_draw`); if not, only the order is seeded
@@ -323,7 +323,7 @@ def undo_deterministic(dls):
     return dls
 
 def set_epoch(dls, # a `DataLoaders`, one `DataLoader`, or a list of them
-              epoch, # the pass coordinate: an int, or a tuple such as `(fit_idx, epoch)`
+              epoch, # the pass coordinate: an int, or a tuple such as `(fit, epoch)`
               start:int=0, # the first batch of that pass: a pass resumed in its middle skips the batches before it
              ):
     "Set the coordinate of the next pass of each deterministic DataLoader of `dls`, and the batch it starts at"

@@ -18,7 +18,7 @@ SEED_BITS = 63       # derived seeds are non-negative and fit torch's int64 seed
 NUMPY_SEED_MOD = 2**32  # NumPy's legacy `seed` takes 32 bits
 
 def derive_seed(seed:int, # the run seed
-                *coords, # coordinates of the stream: ints or strings, e.g. `(fit_idx, epoch, 'shuffle')`
+                *coords, # coordinates of the stream: ints or strings, e.g. `(fit, epoch, 'shuffle')`
                ) -> int:
     "A seed for the stream at `coords` of the run seeded with `seed`; unrelated to its neighbours"
     h = hashlib.blake2b(repr((int(seed),)+coords).encode(), digest_size=8).digest()
