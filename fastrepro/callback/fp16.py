@@ -6,12 +6,11 @@ Docs: https://fastrepro.github.io/fastrepro/callback/fp16.html.md"""
 
 # %% ../../nbs/callback/02_fp16.ipynb #a32c4ef5
 from __future__ import annotations
-import warnings
-from collections import namedtuple
 from fastai.basics import *
 from fastai.callback.fp16 import MixedPrecision, AMPMode
 from torch.amp import autocast, GradScaler
 from ..state.core import *
+from ..state.audit import _device_type
 
 # %% auto #0
 __all__ = ['ONEDNN_FP16_UNSUPPORTED', 'SYNC_EVERY', 'HISTORY_SCHEMA', 'HISTORY_COLUMNS', 'amp_device_type',
@@ -28,8 +27,7 @@ HISTORY_COLUMNS = tuple(HISTORY_SCHEMA)
 
 def amp_device_type(learn:Learner) -> str:
     "The device type autocast and the `GradScaler` must use for `learn`: its dls' device, else its model's"
-    dev = ifnone(getattr(learn.dls, 'device', None), next((p.device for p in learn.model.parameters()), 'cpu'))
-    return torch.device(dev).type
+    return _device_type(learn.model, getattr(learn.dls, 'device', None))
 
 def onednn_fp16_unsupported(model:nn.Module) -> list:
     "Names of the modules of `model` that oneDNN cannot run under CPU float16 autocast"

@@ -6,7 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/callback/repro.html.md"""
 
 # %% ../../nbs/callback/01_repro.ipynb #04a93941
 from __future__ import annotations
-import secrets, random
+import secrets
 from fastai.basics import *
 from ..state.core import *
 from ..state.rng import derive_seed, seed_global, rng_states, torch_seeded
@@ -285,8 +285,7 @@ def repro_state(cb:ReproCB) -> dict:
     learn, rec = cb.learn, getattr(cb.learn, 'recorder', None)
     rec_state = recorder_state(rec, cb.position.fit, cb.trace_file.logged(rec)) if hasattr(rec, 'lrs') else None
     res = dict(seed=cb.seed, position=cb.position.state_dict(learn), grad_present=grad_presence(learn.model),
-               recorder=rec_state,
-               trace=cb.trace.state_dict(), beside=cb.trace.log and cb.trace.log.pin(),
+               recorder=rec_state, trace=cb.trace.state_dict(), beside=cb.trace.log and cb.trace.log.pin(),
                provenance=cb.provenance.state(), ledger_run=cb.record.run_id,
                trackers=cb.trackers.state(), fastai_callbacks=fastai_callback_states(learn), world_size=world_size())
     if not cb.deterministic_data: res['loader_orders'] = loader_orders(learn.dls)

@@ -7,7 +7,6 @@ Docs: https://fastrepro.github.io/fastrepro/demo/shared.html.md"""
 # %% ../../nbs/demo/03_shared.ipynb #8c0ff2c5
 from __future__ import annotations
 import sys, json, time, functools, traceback, dataclasses, textwrap
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fastai.text.all import *
 import fastai, fastrepro  # their versions, in the report

@@ -6,8 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/demo/ulmfit.html.md"""
 
 # %% ../../nbs/demo/01_ulmfit.ipynb #da7b9072
 from __future__ import annotations
-import os, socket, random, dataclasses, tempfile, shutil
-from collections import namedtuple
+import socket, dataclasses
 from dataclasses import dataclass
 from urllib.parse import urlparse
 from fastai.text.all import *
@@ -222,8 +221,7 @@ def pretrained_weights(profile:str|Profile, # the profile to run
                        timeout:float=NETWORK_TIMEOUT_S, # seconds to wait for the download server
                       ) -> tuple[bool, str]:
     "Can `profile` start from fastai's WT103 weights? `(available, why)`: they must be here or downloadable now"
-    p = get_profile(profile)
-    if not p.pretrained:
+    if not (p := get_profile(profile)).pretrained:
         return False, (f"trained from scratch: the {p.name} profile's small AWD-LSTM (emb {p.emb_sz}, "
                        f"hidden {p.n_hid}, {p.n_layers} layers) has no pretrained weights")
     url = urlparse(URLs.WT103_FWD)

@@ -94,15 +94,13 @@ def _check_age(b:pd.DataFrame, e:pd.DataFrame, max_age, names:tuple):
     "Warn when the oldest baseline run started more than `max_age` before the newest experiment run"
     if max_age is None: return  # else a timedelta, a pandas string such as '30 days', or seconds
     max_age = pd.Timedelta(seconds=max_age) if isinstance(max_age, (int, float)) else pd.Timedelta(max_age)
-    gap = e.started.max() - b.started.min()
-    if gap > max_age:
+    if (gap := e.started.max() - b.started.min()) > max_age:
         warnings.warn(f"The {names[0]} runs started up to {gap.round('1s')} before the {names[1]} runs (more than "
                       f"max_baseline_age={max_age}): machines, drivers and packages drift. Re-run the "
                       f"{names[0]}.", ComparisonWarning, stacklevel=3)
 
 def _check_seeds(runs:pd.DataFrame, name:str):
-    seeds = runs.seed.dropna()
-    if seeds.duplicated().any():
+    if (seeds := runs.seed.dropna()).duplicated().any():
         warnings.warn(f"The {name} runs repeat seeds {sorted({int(s) for s in seeds[seeds.duplicated()]})}: runs with "
                       "the same seed are copies, not independent samples. Use distinct seeds.", ComparisonWarning,
                       stacklevel=3)
@@ -139,10 +137,6 @@ class Ledger(LedgerStore):
                 warnings.warn(f"The records spooled in {sp.path} for the ledger {self.db.address} could not be sent "
                               f"({one_line(e)}); they stay there. Send them with: fastrepro runs --sync {sp.path} "
                               f"--ledger {self.db.address}", LedgerWarning)
-
-    def check_fields(self, fields:dict):
-        "Raise `LedgerError` if `fields` holds a name that is not a ledger field"
-        _check_fields(fields)
 
     def add(self, record:dict, # the run's fields; `experiment` is required
            ) -> int:
@@ -201,12 +195,11 @@ class Ledger(LedgerStore):
 
     def experiments(self) -> pd.DataFrame:
         "Runs per experiment and variant: how many, how many completed, first and last start"
-        cols = ['experiment', 'variant', 'runs', 'completed', 'first', 'last']
         with self._connect() as con:
             rows = self._execute(con, """SELECT experiment, variant, count(*),
                                          sum(CASE WHEN status = 'completed' THEN 1 ELSE 0 END), min(started),
                                          max(started) FROM runs GROUP BY experiment, variant""")
-            df = pd.DataFrame(rows.fetchall(), columns=cols)
+            df = pd.DataFrame(rows.fetchall(), columns=['experiment', 'variant', 'runs', 'completed', 'first', 'last'])
         for c in ('first', 'last'): df[c] = pd.to_datetime(df[c], utc=True, format='ISO8601')
         # sorted here, not in SQL: a server sorts text by its locale, SQLite by code point
         return df.sort_values(['experiment', 'variant'], na_position='first', ignore_index=True)

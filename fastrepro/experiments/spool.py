@@ -108,14 +108,11 @@ class SpoolIndex:
     def __init__(self, path:Path|str|None=None): self.path = Path(path) if path else spools_folder()
     def __repr__(self): return f"SpoolIndex('{self.path}')"
 
-    def _note(self, ledger:str, spool:Path) -> Path:
-        return self.path/f"{_digest(ledger)}-{_digest(f'{socket.gethostname()}:{spool}')}.json"
-
     def add(self, ledger:str, # the ledger `spool` holds records for (`spool_address`)
             spool:Path|str):
         "Note that `spool` holds records for `ledger` (a spool noted already is not written again)"
         spool = Path(spool).absolute()
-        note = self._note(ledger, spool)
+        note = self.path/f"{_digest(ledger)}-{_digest(f'{socket.gethostname()}:{spool}')}.json"
         if note.exists(): return
         note.parent.mkdir(parents=True, exist_ok=True)
         tmp = note.with_name(f'.{note.name}.{os.getpid()}')

@@ -84,9 +84,8 @@ class CompareResult:
 
     def _title(self) -> str:
         test = "Student's" if self.equal_var else "Welch's"
-        sense = 'higher' if self.higher_is_better else 'lower'
         return (f"{self.metric or 'metric'}: {self.names[1]} vs {self.names[0]} ({test} t-test, {self.alternative}, "
-                f"alpha={self.alpha:g}, {sense} is better)")
+                f"alpha={self.alpha:g}, {'higher' if self.higher_is_better else 'lower'} is better)")
 
     def table(self) -> pd.DataFrame:
         "Size, mean and standard deviation of each sample, and the difference with its confidence interval"
@@ -178,8 +177,7 @@ def seeds_needed(effect:float, # smallest true difference of the means worth det
     lo = 2
     while lo <= MAX_SEEDS:
         ns = np.arange(lo, 2*lo + 1)
-        ok = np.nonzero(seed_power(ns, effect, sd, alpha, alternative) >= power)[0]
-        if len(ok): return int(ns[ok[0]])
+        if len(ok := np.nonzero(seed_power(ns, effect, sd, alpha, alternative) >= power)[0]): return int(ns[ok[0]])
         lo = 2*lo + 1
     raise ValueError(f"Detecting effect={effect} with sd={sd} needs more than {MAX_SEEDS} seeds per arm: the effect is "
                      "too small compared to the seed-to-seed spread. Reduce the spread or look for a larger effect.")
@@ -229,10 +227,9 @@ def ablation(baseline, # metric values of the baseline runs, one per seed
     shadowed = [n for n in names[:2] if df.verdict[n] == REGRESSION] if df.verdict[names[2]] == PROGRESSION else []
     for n in shadowed: df.loc[n, 'note'] = f'regresses alone; shadowed in {names[2]}'
     if shadowed:
-        df.loc[names[2], 'note'] = (f"progresses although {' and '.join(shadowed)} "
-                                    f"regress{'es' if len(shadowed) == 1 else ''} alone")
-        warnings.warn(f"Shadowed regression: {names[2]} progresses over the baseline while {' and '.join(shadowed)} "
-                      f"alone regress{'es' if len(shadowed) == 1 else ''}. Ship only the change that helps.",
-                      ComparisonWarning, stacklevel=2)
+        who, s = ' and '.join(shadowed), 'es' if len(shadowed) == 1 else ''
+        df.loc[names[2], 'note'] = f"progresses although {who} regress{s} alone"
+        warnings.warn(f"Shadowed regression: {names[2]} progresses over the baseline while {who} alone regress{s}. "
+                      "Ship only the change that helps.", ComparisonWarning, stacklevel=2)
     df.attrs['shadowed'] = shadowed
     return df

@@ -13,7 +13,7 @@ from functools import partial
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, wait, FIRST_COMPLETED
 from datetime import datetime, timezone
 from fastcore.basics import *
-from .store import one_line  # no torch: `repeat`'s caller may never import it
+from .store import one_line, _check_fields  # no torch: `repeat`'s caller may never import it
 
 # %% auto #0
 __all__ = ['RESUME_FIELDS', 'DASK_NO_DAEMON', 'POLL_S', 'pinned', 'WorkerError', 'SweepError', 'repeat']
@@ -193,7 +193,7 @@ def repeat(train_fn, # called as `train_fn(seed)`, returns a dict of final metri
     rec, rows = None, {}
     if ledger is not None:
         from fastrepro.record.provenance import run_provenance  # imports torch: only when recording
-        ledger.check_fields(fields)
+        _check_fields(fields)
         rec = {**fields, **run_provenance(repo_path, allow_dirty)}
         rows = _completed(ledger, rec, seeds)
         if rows: print(f"repeat: seeds {sorted(rows)} have completed records in {ledger.db.address} (experiment "

@@ -56,9 +56,8 @@ class Divergence:
         if 'loss' in self.columns: res.append(f"  loss {self.values['loss'][0]!r} vs {self.values['loss'][1]!r}")
         if self.layer is not None:
             a, b = self.values[NORM_PREFIX+self.layer]
-            n = len(self.columns) - ('loss' in self.columns)
             res.append(f"  first parameter that differs: {self.layer}, norm {_fmt_norm(a)} vs {_fmt_norm(b)} "
-                       f"({n} norm(s) differ)")
+                       f"({len(self.columns) - ('loss' in self.columns)} norm(s) differ)")
         return '\n'.join(res)
 
 # %% ../../nbs/record/03a_divergence.ipynb #9fe829cd
@@ -145,7 +144,6 @@ def unseen_rows(a:pd.DataFrame, # a run trace
     return ' and '.join(gaps) + (", its digest matches" if da and db and da == db else
                                  ", its rows could not be compared (the checkpoint holds no digest of them)")
 
-
 # %% ../../nbs/record/03a_divergence.ipynb #b78fa6cb
 def _frame_tensors(df:pd.DataFrame|None) -> dict|None:
     "The columns of `df` as tensors of their own dtype (exact, `weights_only`-safe)"
@@ -224,10 +222,9 @@ def plot_losses(runs:dict, # name -> `RunRecord` (or a trace DataFrame)
 DIFF_SAME, DIFF_DIFFER, DIFF_UNREADABLE = 0, 1, 2  # exit codes of `fastrepro diff`
 
 def _same_text(a:pd.DataFrame, b:pd.DataFrame, names:tuple) -> str:
-    norms = [c for c in norm_columns(a) if c in b.columns]
     n = len(a.merge(b[list(TRACE_KEYS)], on=list(TRACE_KEYS)))
     res = (f"The runs are identical: {n} iterations in {a['fit'].nunique()} fit(s) in both traces, loss and "
-           f"{len(norms)} parameter norm column(s) compared.")
+           f"{len([c for c in norm_columns(a) if c in b.columns])} parameter norm column(s) compared.")
     unseen = unseen_rows(a, b, names)
     only = sorted(set(norm_columns(a)) ^ set(norm_columns(b)))
     return res + (f"\n{unseen[0].upper()}{unseen[1:]}." if unseen else '') + (

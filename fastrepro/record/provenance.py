@@ -94,9 +94,7 @@ def _is_code(root:str, path:str, imported:set, outputs:list) -> bool:
 # %% ../../nbs/record/02_provenance.ipynb #6646f8bf
 KEPT_CELL_METADATA = ('tags',)  # what nbdev-clean and nbstripout keep of a cell's metadata: the rest is the editor's
 
-def _source(cell:dict) -> str:
-    s = cell.get('source', '')
-    return s if isinstance(s, str) else ''.join(s)
+def _source(cell:dict) -> str: return ''.join(cell.get('source', ''))  # a string, or a list of lines
 
 def notebook_code(nb:dict) -> list:
     "The sources of notebook `nb`'s code cells, in order: what running it executes"
@@ -154,8 +152,7 @@ def _file_stamp(path:str):
 
 def _cached(cache:dict, where, key, stamps, compute):
     "`compute()`, reusing the value `cache[where]` holds for `key`; cached only when no file of `stamps` is racy"
-    hit = cache.get(where)
-    if hit is not None and hit[0] == key: return hit[1]
+    if (hit := cache.get(where)) is not None and hit[0] == key: return hit[1]
     res, recent = compute(), time.time_ns() - RACY_SECONDS*10**9
     if all(s is None or s[1] < recent for s in stamps): cache[where] = key, res
     else: cache.pop(where, None)
@@ -265,10 +262,6 @@ def code_changes(saved:dict, # a `git_info` record with its `patch` (a checkpoin
     return f"changed since: {_shown(files)}" if files else "the same files, another patch"
 
 # %% ../../nbs/record/02_provenance.ipynb #cf801d91
-def _listing(info:dict) -> str:
-    "The dirty files of `info`, by category, at most `MAX_FILES_SHOWN` each"
-    return '; '.join(f"{k}: {_shown(info[k])}" for k in ('modified', 'staged', 'untracked') if info[k])
-
 def ignore_line(path:str) -> str:
     "The `.gitignore` line that makes the untracked `path`, and the other files of its folder, stop counting"
     return f"/{path.rsplit('/', 1)[0]}/" if '/' in path else f"/{path}"
@@ -291,8 +284,9 @@ def check_clean(info:dict, # the result of `git_info`
         raise DirtyTreeError(f"The git repository {info['root']} has no commits yet, so no commit can identify the "
                              "code this run uses and its result could not be reproduced. Commit the code (`git add -A "
                              "&& git commit`), or pass allow_dirty=True to record the full patch with the run.")
-    if info['dirty']:
-        raise DirtyTreeError(f"The git working tree {info['root']} has uncommitted changes to code ({_listing(info)}). "
+    if info['dirty']:  # the dirty files by category, at most `MAX_FILES_SHOWN` each
+        listing = '; '.join(f"{k}: {_shown(info[k])}" for k in ('modified', 'staged', 'untracked') if info[k])
+        raise DirtyTreeError(f"The git working tree {info['root']} has uncommitted changes to code ({listing}). "
                              f"The recorded commit {info['commit'][:12]} is not the code that would run, so the result "
                              "could not be reproduced. Commit (or stash) these changes, or pass allow_dirty=True to "
                              "record the patch with the run." + _output_hint(info))
@@ -317,8 +311,7 @@ class RankMismatchError(RuntimeError):
 def check_ranks_agree(prov:dict, # this process's `run_provenance`
                      ) -> list:
     "Raise `RankMismatchError` when a rank records other code or another environment than rank 0; all the records"
-    mine = dict(commit=prov['commit'], diff_hash=prov['git']['diff_hash'], env=prov['env'])
-    ranks, bad = all_gather(mine), []
+    ranks, bad = all_gather(dict(commit=prov['commit'], diff_hash=prov['git']['diff_hash'], env=prov['env'])), []
     for r, o in enumerate(ranks[1:], 1):
         diff = {k: (ranks[0][k], o[k]) for k in ('commit', 'diff_hash') if o[k] != ranks[0][k]}
         diff.update(env_diff(ranks[0]['env'], o['env']))

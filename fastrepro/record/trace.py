@@ -8,12 +8,10 @@ Docs: https://fastrepro.github.io/fastrepro/record/trace.html.md"""
 from __future__ import annotations
 import uuid, json, pickle, zipfile, hashlib, warnings
 from fastai.basics import *
-from ..checkpoint.file import atomic_torch_save, read_checkpoint, split_state, upgrade_state
+from ..checkpoint.file import atomic_torch_save, read_checkpoint, split_state, upgrade_state, DURABLE
 from ..checkpoint.trace_file import TraceLog, MissingLogError, MAGIC
 from ..checkpoint.files import CheckpointFiles
-from ..checkpoint.manifest import state_digest
 from ..checkpoint.fastai_state import logged_rows, recorder_rows
-from ..checkpoint.file import DURABLE
 
 # %% auto #0
 __all__ = ['TRACE_EVERY', 'TRACE_KEYS', 'TRACE_COLUMNS', 'INITIAL_WEIGHTS', 'GAP', 'NORM_PREFIX', 'ROWS_DIGEST', 'TRACE_FORMAT',
@@ -113,18 +111,14 @@ class Trace:
         digest.update(tail)  # one pass over the new rows: the file is never read again for it
         self._clear()
 
-    def _rows(self) -> dict:
-        "Every row in compact form: the trace file's, then the tail's"
+    def _whole(self) -> dict:
+        "`state_dict` with every row in its tail: the trace file's, then the tail's"
         chunks = [r['trace'] for r in self.log.records()] if self.log is not None else []
-        return joined_trace(chunks + [self._tail()])
+        return {**self.state_dict(), 'tail': joined_trace(chunks + [self._tail()])}
 
     def inline(self):
         "Read the trace file's rows back into the tail (a checkpoint that could not write beside it holds them all)"
-        if self.log is not None: self.load_state_dict({**self.state_dict(), 'tail': self._rows()})
-
-    def compact(self) -> dict:
-        "The whole trace in compact form: the trace file's rows, then the tail; initial weights, events and gap"
-        return {**self._rows(), **{k: v for k, v in self.state_dict().items() if k != 'tail'}}
+        if self.log is not None: self.load_state_dict(self._whole())
 
     def note(self, it:int, event:str):
         "Record that `event` happened at iteration `it`"
@@ -132,7 +126,8 @@ class Trace:
 
     def frame(self) -> pd.DataFrame:
         "The trace as a DataFrame: `fit`, `epoch`, `iter`, `loss`, and one `norm:<parameter>` column per parameter"
-        return trace_frame(self.compact())
+        whole = self._whole()
+        return trace_frame({**whole.pop('tail'), **whole})
 
 # %% ../../nbs/record/03_trace.ipynb #bcf7cd6b
 def _segments(fit, epoch, it) -> np.ndarray:
@@ -200,8 +195,7 @@ def trace_frame(d:dict) -> pd.DataFrame:
 
 def _exact_float32(s:pd.Series, what:str) -> np.ndarray:
     "`s` as float32, refusing values that float32 would round"
-    a = s.to_numpy(np.float64)
-    b = a.astype(np.float32)
+    a, b = s.to_numpy(np.float64), s.to_numpy(np.float32)
     lost = ~((b.astype(np.float64) == a) | (np.isnan(a) & np.isnan(b)))
     if lost.any(): raise ValueError(f"The {what} holds values that float32 cannot hold exactly (e.g. {a[lost][0]!r}): "
                                     "a run trace records float32 losses and norms, so this is not one "
@@ -249,9 +243,8 @@ class RowsDigest:
 
     def copy(self) -> RowsDigest:
         "An independent copy (to digest a tail the running digest must not keep)"
-        res = RowsDigest()
-        res.rows, res.norms, res.n, res.names, res.hashed = (self.rows.copy(), self.norms.copy(), self.n, self.names,
-                                                             self.hashed)
+        res = copy(self)
+        res.rows, res.norms = self.rows.copy(), self.norms.copy()
         return res
 
     def hexdigest(self) -> str:
@@ -270,7 +263,6 @@ def rows_digest(trace:pd.DataFrame, # a run trace (`trace_frame`)
     "The digest of all the rows of `trace`'s run, None when it is not known"
     if ROWS_DIGEST in trace.attrs: return trace.attrs[ROWS_DIGEST]
     return None if GAP in trace.attrs else RowsDigest().update(compact_frame(trace)).hexdigest()
-
 
 # %% ../../nbs/record/03_trace.ipynb #9e338ba4
 class TraceFile:
@@ -397,9 +389,7 @@ def load_trace(path, # a file from `save_trace`, or a fastrepro checkpoint (`lea
     except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
         raise ValueError(f"{path} holds objects that `torch.load(weights_only=True)` refuses: it is not a fastrepro "
                          f"trace file or checkpoint ({str(e).splitlines()[0]})") from e
-    if isinstance(d, dict) and d.get('format') == TRACE_FORMAT:
-        if d['version'] > TRACE_VERSION:
-            raise ValueError(f"{path} was written by a newer fastrepro (trace format {d['version']}): "
-                             "upgrade fastrepro.")
-        return trace_frame(d['trace'])
-    return trace_frame(_checkpoint_trace(d, path))
+    if not (isinstance(d, dict) and d.get('format') == TRACE_FORMAT): return trace_frame(_checkpoint_trace(d, path))
+    if d['version'] > TRACE_VERSION:
+        raise ValueError(f"{path} was written by a newer fastrepro (trace format {d['version']}): upgrade fastrepro.")
+    return trace_frame(d['trace'])

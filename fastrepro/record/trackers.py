@@ -6,7 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/record/trackers.html.md"""
 
 # %% ../../nbs/record/04_trackers.ipynb #aea37c3f
 from __future__ import annotations
-import os, sys, time, hashlib, contextlib
+import contextlib
 from fastai.basics import *
 from fastai.callback.progress import CSVLogger
 from fastai.callback.fp16 import MixedPrecision
@@ -32,8 +32,7 @@ def attached_cb(learn:Learner, module:str, name:str) -> Callback|None:
 # %% ../../nbs/record/04_trackers.ipynb #0f3f2184
 def env_summary(env:dict) -> str:
     "One line of an `environment_info()`: versions, device, processor, threads"
-    gpus = env.get('gpus') or []
-    dev = f"{len(gpus)} GPU(s)" if gpus else 'CPU only'
+    dev = f"{len(env['gpus'])} GPU(s)" if env.get('gpus') else 'CPU only'
     return (f"python {env['python']}, torch {env['torch']}, fastai {env['fastai']}, fastrepro {env['fastrepro']}; "
             f"{dev}, {env['cpu']} ({env['machine']}), {env['num_threads']} threads; {env['system']}")
 
@@ -105,9 +104,8 @@ class CSVHistory(_Tracker):
     def at_start(self):
         "Put back the file as the checkpoint found it"
         if self.kept is None: return
-        f, self.kept = self.cb.file, self.kept.decode()
-        f.seek(0); f.truncate(); f.write(self.kept); f.flush()
-        self.kept = None
+        f, kept, self.kept = self.cb.file, self.kept.decode(), None
+        f.seek(0); f.truncate(); f.write(kept); f.flush()
     def state(self) -> dict|None:
         f = getattr(self.cb, 'file', None)
         if f is None or f.closed: return self._last
@@ -202,9 +200,7 @@ class WandbRun(_Tracker):
         self.wandb.init(id=self.saved['id'], resume='allow', **kw)
 
     @property
-    def run(self) -> str:
-        r = self.wandb.run
-        return f"{r.entity}/{r.project}/{r.id}" if r.entity else f"{r.project}/{r.id}"
+    def run(self) -> str: return _wandb_path(self.wandb.run.entity, self.wandb.run.project, self.wandb.run.id)
 
     def begin(self, info:dict, patch:str|None):
         r = self.wandb.run
@@ -239,7 +235,9 @@ class WandbRun(_Tracker):
         try: r.summary[f'{PREFIX}/{key}'] = text
         finally:
             if own: r.finish()
-        return '/'.join(filter(None, (saved['entity'], saved['project'], saved['id'])))
+        return _wandb_path(saved['entity'], saved['project'], saved['id'])
+
+def _wandb_path(entity, project, run_id) -> str: return '/'.join(filter(None, (entity, project, run_id)))
 
 # %% ../../nbs/record/04_trackers.ipynb #0f760f94
 class MlflowRun(_Tracker):

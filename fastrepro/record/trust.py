@@ -72,8 +72,7 @@ def sign_run(git:dict|None, # a git record with its `patch` (`checkpoint_info(f)
 
 def trusted_file() -> Path:
     "The signatures of the records this user trusted (`trust_run`), beside the secret"
-    f = secret_file()
-    return f.with_name(f.name + TRUSTED_SUFFIX)
+    return Path(f"{secret_file()}{TRUSTED_SUFFIX}")
 
 def _trusted() -> set:
     f = trusted_file()
@@ -91,7 +90,6 @@ def trust_run(git:dict|None, entry:dict|None) -> str:
         with os.fdopen(os.open(f, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), 'a') as h: h.write(sig + '\n')
     return sig
 
-# %% ../../nbs/record/05_trust.ipynb #73763c2d
 _warned = set()  # the secret files a save could not sign with: each warns once per process
 
 def signature_or_none(git:dict|None, entry:dict|None) -> str|None:
@@ -165,12 +163,10 @@ def entry_problem(entry:dict|None) -> str|None:
     if not isinstance(entry, dict): return f"the entry point is {type(entry).__name__}, not a record"
     extra = [k for k in entry if k not in ENTRY_FIELDS]
     if extra: return f"field entry.{extra[0]} is not one fastrepro writes"
-    missing = [k for k in ENTRY_FIELDS if k not in entry]
-    if missing: return f"field entry.{missing[0]} is missing"
+    if missing := [k for k in ENTRY_FIELDS if k not in entry]: return f"field entry.{missing[0]} is missing"
     kind, env = entry['kind'], entry['env']
     if kind not in ENTRY_KINDS: return f"field entry.kind is {kind!r}, not one of {', '.join(ENTRY_KINDS)}"
-    why = _command_problem(kind, entry['command'])
-    if why: return f"field entry.command: {why}"
+    if why := _command_problem(kind, entry['command']): return f"field entry.command: {why}"
     opts = entry['python_options']
     bad = f"is {opts!r}" if not isinstance(opts, list) else _option_problem(opts)
     if bad: return (f"field entry.python_options holds {bad}, not an interpreter option that changes no code "
@@ -181,10 +177,9 @@ def entry_problem(entry:dict|None) -> str|None:
     if foreign: return f"field entry.env holds {foreign}: fastrepro records only ENTRY_ENV variables"
     if not all(isinstance(v, str) and '\0' not in v for v in env.values()):
         return "field entry.env: a value is not text"
-    why = _launcher_problem(entry['launcher'])
-    if why: return f"field entry.launcher {why}, not what fastrepro records (name, world_size, nproc_per_node, nnodes)"
-    cells = entry['cells']
-    if cells is not None and (kind not in ('notebook', 'ipython') or not isinstance(cells, list)
+    if why := _launcher_problem(entry['launcher']):
+        return f"field entry.launcher {why}, not what fastrepro records (name, world_size, nproc_per_node, nnodes)"
+    if (cells := entry['cells']) is not None and (kind not in ('notebook', 'ipython') or not isinstance(cells, list)
                               or not all(isinstance(c, str) for c in cells)):
         return f"field entry.cells holds {type(cells).__name__} in a {kind!r} run: fastrepro records cells of notebooks"
     for k in ('cwd', 'python'):
@@ -198,8 +193,7 @@ def git_problem(git:dict|None) -> str|None:
     if commit is not None and not (isinstance(commit, str) and COMMIT.fullmatch(commit)):
         return f"field git.commit is {commit!r}, not a commit's object name"
     if patch is not None and not isinstance(patch, str): return "field git.patch is not text"
-    dirty = [k for k in ('diff_hash', 'dirty', 'modified', 'staged', 'untracked') if git.get(k)]
-    if dirty and not patch:
+    if (dirty := [k for k in ('diff_hash', 'dirty', 'modified', 'staged', 'untracked') if git.get(k)]) and not patch:
         return (f"field git.{dirty[0]} says the tree was dirty, but the record holds no patch: the commit alone is "
                 "not the code that ran")
 

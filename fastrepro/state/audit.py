@@ -6,9 +6,6 @@ Docs: https://fastrepro.github.io/fastrepro/state/audit.html.md"""
 
 # %% ../../nbs/state/08_audit.ipynb #c7cd827d
 from __future__ import annotations
-import re, warnings
-import numpy as np, pandas as pd, torch
-from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 from fastai.basics import *
 from fastai.callback.fp16 import MixedPrecision
@@ -95,8 +92,7 @@ class StackedRNN(Module):
         rows = slice(i*self.num_directions, (i+1)*self.num_directions)
         return tuple(h[rows] for h in hx) if isinstance(hx, tuple) else hx[rows]
 
-    def _drop(self, x):
-        return x._replace(data=self.drop(x.data)) if isinstance(x, PackedSequence) else self.drop(x)
+    def _drop(self, x): return x._replace(data=self.drop(x.data)) if isinstance(x, PackedSequence) else self.drop(x)
 
     def forward(self, input, hx=None):
         "As the multi-layer module's `forward`: output, and the final states `(num_layers*num_directions, B, H)`"
@@ -115,8 +111,7 @@ class StackedRNN(Module):
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         "Accept the keys of the multi-layer module this one replaces"
         for k in [k for k in state_dict if k.startswith(prefix)]:
-            new = prefix + _stacked_key(k[len(prefix):])
-            if new != k: state_dict[new] = state_dict.pop(k)
+            if (new := prefix + _stacked_key(k[len(prefix):])) != k: state_dict[new] = state_dict.pop(k)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 def split_rnn_dropout(rnn:nn.Module, # a multi-layer `nn.LSTM`, `nn.GRU` or `nn.RNN`
@@ -183,8 +178,7 @@ def _recorded_findings(sw:dict, recorded:dict|None, num_threads:int|None, record
                                "resumed run continues the recorded one bit for bit only under the same switches; "
                                "`fastrepro.state.kernels.set_switches(recorded)` puts them back.")
     if recorded_threads is not None:
-        n = torch.get_num_threads() if num_threads is None else num_threads
-        if n != recorded_threads:
+        if (n := ifnone(num_threads, torch.get_num_threads())) != recorded_threads:
             res.append(f"torch uses {n} CPU threads but the run was recorded with {recorded_threads}: CPU kernels "
                        "split sums and matrix products by thread, so results can round differently. "
                        f"`torch.set_num_threads({recorded_threads})` restores the recorded count.")

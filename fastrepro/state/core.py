@@ -6,7 +6,6 @@ Docs: https://fastrepro.github.io/fastrepro/state/core.html.md"""
 
 # %% ../../nbs/state/00_core.ipynb #fcd7d090
 from __future__ import annotations
-import hashlib
 from fastai.basics import *
 from fastai.callback.schedule import LRFinder
 

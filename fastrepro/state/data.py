@@ -6,13 +6,9 @@ Docs: https://fastrepro.github.io/fastrepro/state/data.html.md"""
 
 # %% ../../nbs/state/05_data.ipynb #3461f3f2
 from __future__ import annotations
-import random, itertools
 from dataclasses import dataclass
-from contextlib import contextmanager, nullcontext
-import numpy as np, torch, pandas as pd
-from torch.utils.data import get_worker_info
+from contextlib import nullcontext
 from fastai.basics import *
-from fastai.data.load import DataLoader
 from .rng import derive_seed, NUMPY_SEED_MOD
 from .core import digest
 
@@ -47,8 +43,7 @@ def loader_orders(dls) -> list:
 def set_loader_orders(dls, orders:list):
     "Put back the orders `loader_orders` returned"
     for dl, order in zip(_loaders(dls), orders):
-        holder = _order_holder(dl)
-        if order is None or holder is None: continue
+        if order is None or (holder := _order_holder(dl)) is None: continue
         if len(holder.idxs) != len(order):
             raise ValueError(f"The saved order has {len(order)} items but this {type(dl).__name__} has "
                              f"{len(holder.idxs)}: the checkpoint belongs to other data. Rebuild the same DataLoaders.")
@@ -110,17 +105,17 @@ class DataStreams:
     __repr__ = basic_repr('seed,epoch,per_item,dl_idx,steps_draw,rank')
 
 # %% ../../nbs/state/05_data.ipynb #e1584ea1
-def _seed_cpu(seed:int):
-    "Seed Python's, NumPy's and torch's CPU global generators from `seed` (no CUDA work, unlike `torch.manual_seed`)"
+def _seed_cpu(seed:int, cuda_gen=None):
+    "Seed the CPU generators of Python, NumPy and torch, and `cuda_gen`, from `seed` (no other CUDA work)"
     random.seed(seed)
     np.random.seed(seed % NUMPY_SEED_MOD)
     torch.default_generator.manual_seed(seed)
+    if cuda_gen is not None: cuda_gen.manual_seed(seed)
 
 def _cpu_states() -> tuple: return random.getstate(), np.random.get_state(), torch.default_generator.get_state()
 
 def _set_cpu_states(states:tuple):
-    py, npy, pt = states
-    random.setstate(py); np.random.set_state(npy); torch.default_generator.set_state(pt)
+    random.setstate(states[0]); np.random.set_state(states[1]); torch.default_generator.set_state(states[2])
 
 def _cuda_gen(dl):
     "The generator of the CUDA device `dl` puts its batches on, if any: batch transforms there draw from it"
@@ -133,8 +128,7 @@ def _cuda_gen(dl):
 def _seeded(seed:int, cuda_gen=None):
     "Run the body with the CPU generators (and `cuda_gen`) seeded from `seed`, then give the caller its states back"
     saved = _cpu_states(), None if cuda_gen is None else cuda_gen.get_state()
-    _seed_cpu(seed)
-    if cuda_gen is not None: cuda_gen.manual_seed(seed)
+    _seed_cpu(seed, cuda_gen)
     try: yield
     finally:
         _set_cpu_states(saved[0])
@@ -157,8 +151,7 @@ def _base(dl):
 
 def _reset_order(dl):
     "Put back the canonical order of a loader that reshuffles its previous order in place (fastai's `LMDataLoader`)"
-    holder = _order_holder(dl)
-    if holder is None: return
+    if (holder := _order_holder(dl)) is None: return
     holder.idxs[:] = sorted(holder.idxs)  # in place: `LMDataLoader.lens` shares this list
     holder.cache_clear()
 
@@ -178,9 +171,8 @@ def _serve(dl, idxs):
     "The order a pass of `dl` serves, given the whole order its `get_idxs` drew: kept, and cut where the pass starts"
     st = data_streams(dl)
     if st is None: return idxs
-    if st.step is not None:  # the order is drawn: the first step's own draws come from its batch's stream
-        _seed_cpu(st.step_seed(BATCH_STREAM, st.step))
-        if (g := _cuda_gen(dl)) is not None: g.manual_seed(st.step_seed(BATCH_STREAM, st.step))
+    # the order is drawn: the first step's own draws come from its batch's stream
+    if st.step is not None: _seed_cpu(st.step_seed(BATCH_STREAM, st.step), _cuda_gen(dl))
     base = _base(dl)
     if st.start and not base.indexed:
         raise ValueError(f"A pass over an iterable (not indexed) dataset cannot start at batch {st.start}: its items "
@@ -348,8 +340,7 @@ def data_signature(dls) -> dict:
     parts = list(vocab) if len(vocab) and is_listy(vocab[0]) else [vocab]
     # a classifier's `dls.vocab` is a new list at each access, of the same (text, labels) vocabularies
     key = tuple((id(v), len(v)) for v in parts)
-    cached = dls.__dict__.get('_repro_data_signature')
-    if cached and cached[0] == key: return cached[1]
+    if (cached := dls.__dict__.get('_repro_data_signature')) and cached[0] == key: return cached[1]
     flat = [list(map(str, v)) for v in parts]
     sig = {'vocab_digest': digest(flat), 'vocab_sizes': [len(v) for v in flat]}
     dls.__dict__['_repro_data_signature'] = (key, sig)

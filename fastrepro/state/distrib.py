@@ -6,7 +6,6 @@ Docs: https://fastrepro.github.io/fastrepro/state/distrib.html.md"""
 
 # %% ../../nbs/state/07_distrib.ipynb #b050f18e
 from __future__ import annotations
-import torch
 from fastai.basics import *
 from .core import *
 from .data import data_streams

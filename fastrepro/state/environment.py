@@ -9,6 +9,7 @@ from __future__ import annotations
 import os, re, copy, json, socket, platform, functools
 import importlib.metadata as importlib_metadata
 import numpy as np, torch, fastai, fastcore, fastrepro
+from fastcore.basics import merge
 from .kernels import deterministic_switches, mkl_cbwr, torch_mkl, cpuinfo, aten_capability
 from .core import digest
 
@@ -72,11 +73,7 @@ def environment_info() -> dict:
 # %% ../../nbs/state/04_environment.ipynb #5583cad5
 def _flat(d:dict, prefix='') -> dict:
     "`d` with nested dicts flattened into dotted keys"
-    res = {}
-    for k,v in d.items():
-        if isinstance(v, dict): res.update(_flat(v, f'{prefix}{k}.'))
-        else: res[f'{prefix}{k}'] = v
-    return res
+    return merge(*(_flat(v, f'{prefix}{k}.') if isinstance(v, dict) else {f'{prefix}{k}': v} for k, v in d.items()))
 
 def env_diff(a:dict, # an `environment_info()` result (e.g. from a checkpoint)
              b:dict, # another one (e.g. the current process)

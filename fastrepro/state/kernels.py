@@ -98,8 +98,7 @@ def set_switches(switches:dict):
                                        warn_only=switches['deterministic_warn_only'])
     if 'fill_uninitialized_memory' in switches:
         torch.utils.deterministic.fill_uninitialized_memory = switches['fill_uninitialized_memory']
-    cfg = switches.get('cublas_workspace_config')
-    if cfg is None: os.environ.pop('CUBLAS_WORKSPACE_CONFIG', None)
+    if (cfg := switches.get('cublas_workspace_config')) is None: os.environ.pop('CUBLAS_WORKSPACE_CONFIG', None)
     else: os.environ['CUBLAS_WORKSPACE_CONFIG'] = cfg
     mkl, omp = torch_mkl(), _omp()
     if switches.get('mkl_dynamic') is not None and mkl: mkl.mkl_serv_set_dynamic(int(switches['mkl_dynamic']))

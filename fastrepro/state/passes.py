@@ -6,11 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/state/passes.html.md"""
 
 # %% ../../nbs/state/06_passes.ipynb #66a855b5
 from __future__ import annotations
-import hashlib, warnings
-from contextlib import contextmanager
-import numpy as np, torch
 from fastai.basics import *
-from fastai.data.load import DataLoader
 from .data import SHUFFLE_STREAM, ServedPass, data_streams, make_deterministic, set_epoch, _cpu_states
 from .data import _as_epoch, _base, _order_holder, _reset_order, _seeded, _cuda_gen, _set_cpu_states
 
@@ -109,8 +105,7 @@ def resumed_pass_differs(dl, saved:dict) -> list:
     res = [] if sp.start == saved['batch'] else [
         f"the loader started the pass at batch {sp.start}, the checkpoint was written after {saved['batch']}"]
     if sp.order is None: return res  # an unsized pass: nothing more to compare
-    n = _n_batches(dl, len(sp.order))
-    if saved['n_batches'] is not None and n != saved['n_batches']:
+    if saved['n_batches'] is not None and (n := _n_batches(dl, len(sp.order))) != saved['n_batches']:
         res.append(f"the pass has {n} batches, the interrupted one had {saved['n_batches']}")
     if saved['order'] is not None and _order_digest(sp) != saved['order']:
         res.append(f"the pass's order (digest {_order_digest(sp)}) is not the interrupted pass's ({saved['order']})")

@@ -6,8 +6,6 @@ Docs: https://fastrepro.github.io/fastrepro/state/rng.html.md"""
 
 # %% ../../nbs/state/01_rng.ipynb #69637985
 from __future__ import annotations
-import random, hashlib, warnings
-import numpy as np, torch
 from fastai.basics import *
 from .kernels import set_deterministic, set_portable, deterministic_switches
 
