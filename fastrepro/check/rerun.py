@@ -9,7 +9,6 @@ from __future__ import annotations
 import os, re, sys, json, shlex, runpy, types, signal, threading, subprocess, functools
 from pathlib import Path
 from fastai.basics import *
-from ..state.core import training_fit
 from ..checkpoint.file import model_signature
 from ..state.data import data_fingerprint
 from ..state.environment import environment_info
@@ -17,7 +16,7 @@ from ..record.entry import ENTRY_ENV, write_cells, _command
 from .rebuild import ReproduceError, EXIT_REPRODUCED, code_worktree, _interruptible
 from .localise import StepEvent, localise
 from .where import WhereCB, WHERE_NAME, env_settings, env_side, unplayable, kernel_env, KERNEL_VARS
-from .where import step_iteration
+from .where import step_iteration, _AtTarget
 
 # %% auto #0
 __all__ = ['PROBE_TIMEOUT_S', 'THREAD_VARS', 'RUNNER', 'KILL_GRACE_S', 'LOG_TAIL_LINES', 'REPLAY_NOTEBOOK', 'REPLAY',
@@ -65,13 +64,12 @@ def _expected_env(env:dict, recorded:dict) -> dict:
     return {**here, 'num_threads': _threads(env), 'cpu_kernels': kernels, 'switches': recorded.get('switches')}
 
 # %% ../../nbs/check/02_rerun.ipynb #a1700008
-class StopAtCB(Callback):
+class StopAtCB(_AtTarget):
     "In a `reproduce` re-run: save a checkpoint where the recorded one was written, then end the process"
     order = 100  # after CheckpointCB (90) and the trackers: the run's own checkpoint at that batch comes first
     target = None  # where every StopAtCB built without a target stops: set by `stop_at`, in the re-run's runner
     def __init__(self, target:dict|None=None): # fit, epoch, batch, iteration, model, seed, path, start
         self.target = target or StopAtCB.target
-        self.model = None  # the running fit's model digest: a script may train several learners
         self.fits = 0  # the fits this learner was asked for (a segment skips those before its start)
 
     def plan_fit(self, n_epoch:int, start_epoch:int, **fit_call) -> int|None:
@@ -90,16 +88,13 @@ class StopAtCB(Callback):
         cb = getattr(self.learn, 'repro_cb', None)
         return cb is not None and cb.seed == t['seed'] and model_signature(self.learn.model)['digest'] == t['model']
 
-    def before_fit(self):
-        self.model = model_signature(self.learn.model)['digest'] if training_fit(self.learn) else None
-
     def after_batch(self):
         if self.training: self._stop_here()
     def after_epoch(self): self._stop_here()  # a checkpoint written at the epoch's end, or after the fit
 
     def _stop_here(self):
-        cb, t = getattr(self.learn, 'repro_cb', None), self.target
-        if cb is None or not cb.active or self.model != t['model']: return
+        cb, t = self._repro(), self.target
+        if cb is None: return
         pos = cb.position
         if (pos.fit, pos.epoch, pos.batch, self.learn.train_iter) != (t['fit'], t['epoch'], t['batch'], t['iteration']):
             return
