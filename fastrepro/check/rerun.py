@@ -25,7 +25,7 @@ __all__ = ['PROBE_TIMEOUT_S', 'THREAD_VARS', 'RUNNER', 'KILL_GRACE_S', 'LOG_TAIL
 
 # %% ../../nbs/check/02_rerun.ipynb #a1700024
 def rerun_env(entry:dict|None, # the recorded entry point (`checkpoint_info(f)['entry']`)
-              overrides:dict|None=None, # variables set on top, e.g. {'OMP_NUM_THREADS': '2'}: what if
+              overrides:dict|None=None, # variables set on top, e.g. {'OMP_NUM_THREADS': '2'}: what if (None: unset)
               base:dict|None=None, # the environment to start from (default: this process's)
              ) -> dict:
     "The re-run's environment: `base`, the `ENTRY_ENV` variables exactly as recorded, then `overrides`"
@@ -33,7 +33,7 @@ def rerun_env(entry:dict|None, # the recorded entry point (`checkpoint_info(f)['
     env.update((entry or {}).get('env') or {})
     if (entry or {}).get('launcher'):  # the launcher sets each rank's own
         for k in ('WORLD_SIZE', 'LOCAL_WORLD_SIZE'): env.pop(k, None)
-    return {**env, **(overrides or {})}
+    return {k: v for k, v in {**env, **(overrides or {})}.items() if v is not None}
 
 PROBE_TIMEOUT_S = 120  # a process that imports torch and prints its thread count (seconds, on a loaded machine)
 THREAD_VARS = ('OMP_NUM_THREADS', 'MKL_NUM_THREADS')  # torch reads the first, then the second over it
@@ -239,16 +239,15 @@ class WhereRun:
         store_attr()
 
     def __call__(self, target:dict, # `WhereCB`'s, but `out`
-                 name:str, # the files of this re-run: `{name}.json`, `{name}.log`, `{name}-stop.json`
+                 name:str, # the files of this re-run: `{name}.json`, `{name}.log`, `{name}-stop.json`, `{name}.pt`
                  kernels:dict|None=None, # variables to start it with (`kernel_env`; None: unset)
                 ) -> dict:
         "What the re-run's `WhereCB` wrote; a re-run that ends before it raises `ReproduceError`"
-        res, stop, log = (self.out/f'{name}{suffix}' for suffix in ('.json', '-stop.json', '.log'))
-        res.unlink(missing_ok=True)
+        res, stop, log, kept = (self.out/f'{name}{suffix}' for suffix in ('.json', '-stop.json', '.log', '.pt'))
+        for f in (res, kept): f.unlink(missing_ok=True)  # an earlier run's: this one writes its own
         stop.write_text(json.dumps({**self.pos, 'path': str(self.out/'where-unused'), 'where': {**target,
                                                                                                 'out': str(res)}}))
         env = rerun_env(self.info['entry'], {**(self.env or {}), **(kernels or {})})
-        env = {k: v for k, v in env.items() if v is not None}  # a kernel variable set to None: unset
         with _interruptible(), code_worktree(self.root, self.git) as wt:
             argv, cwd = rerun_command(self.info['entry'], wt, stop, self.command)
             run_to_position(argv, cwd, env, log, self.timeout or WHERE_TIMEOUT_S)
@@ -266,9 +265,7 @@ class SideRuns:
     def __call__(self, i:int, probe):
         t = dict(self.target, side=self.settings[i], other=self.settings[1 - i], keep=probe.keep, ops_at=probe.ops_at)
         if probe.keep is not None: t['iteration'] = self.iteration(probe.keep)  # the runs end at the kept event's step
-        kept = self.run.out/f'where-{i}.pt'
-        kept.unlink(missing_ok=True)  # an earlier run's: this one writes its own, if it keeps anything
-        d = self.run(t, f'where-{i}', self.kernels[i])
+        d, kept = self.run(t, f'where-{i}', self.kernels[i]), self.run.out/f'where-{i}.pt'  # `.pt`: what it kept
         probe.events = L(StepEvent(**{**e, 'shape': tuple(e['shape'])}) for e in d['events'])
         probe.ops, self.ran[i], self.starts[i] = d['ops'], d['kernels'], d['starts']
         if i == 0: self.events = probe.events
