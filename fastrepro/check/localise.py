@@ -96,8 +96,9 @@ class StepProbe(Callback):
 
     def _before(self, name, m, args):
         call = self.calls[name] = self.calls.get(name, -1) + 1
+        backward = partial(self.record, name, type(m).__name__, 'backward', call)  # the gradient flowing back
         for i, t in enumerate(_tensors(args)):
-            if t.requires_grad: t.register_hook(partial(self._backward, name, type(m).__name__, call, f'input {i}'))
+            if t.requires_grad: t.register_hook(partial(backward, f'input {i}'))
         if self.ops_at == (name, call): self._mode = OpDigests().__enter__()
 
     def _after(self, name, m, args, out):
@@ -106,9 +107,6 @@ class StepProbe(Callback):
             self._mode.__exit__(None, None, None); self.ops, self._mode = self._mode.ops, None
         for i, t in enumerate(_tensors(out)):
             self.record(name, type(m).__name__, 'forward', self.calls[name], f'output {i}', t, leaf)
-
-    def _backward(self, name, kind, call, tensor, grad):
-        self.record(name, kind, 'backward', call, tensor, grad)
 
     def _param(self, name:str, pass_:str, t:Tensor):
         mod, _, pname = name.rpartition('.')

@@ -80,14 +80,10 @@ def record_reproduction(ledger:Ledger, # the ledger of the reproduced run
 # %% ../../nbs/check/04_reproduce.ipynb #a1700040
 STOP_NAME = 'reproduced'  # the re-run's checkpoint at the recorded position: `{out}/reproduced.pth` (and `.json`)
 
-def _position(info:dict, extra:dict) -> dict:
-    "Where checkpoint `info` was written, and by which learner (its model's digest, its run seed)"
-    return dict(fit=info['fit'], epoch=info['epoch'], batch=info['batch'], iteration=info['iteration'],
-                model=extra['model']['digest'], seed=info['seed'])
-
-def _entry_position(entry:dict) -> dict:
-    "Where the checkpoint of manifest `entry` was written, and by which learner, as `_position` says it"
-    return {k: entry[k] for k in (*POSITION_KEYS, 'model', 'seed')}
+def _position(info:dict, extra:dict|None=None) -> dict:
+    "Where a checkpoint was written and by which learner: from its `info` and `extra`, or its manifest entry `info`"
+    model = info['model'] if extra is None else extra['model']['digest']
+    return {**{k: info[k] for k in POSITION_KEYS}, 'model': model, 'seed': info['seed']}
 
 def _say(show:bool, msg:str):
     if show: print(f"fastrepro reproduce: {msg}", flush=True)
@@ -128,7 +124,7 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
     out.mkdir(parents=True, exist_ok=True)
     stop = out/f'{STOP_NAME}.pth'
     for f in (stop, stop.with_suffix('.json'), out/'rerun.log'): f.unlink(missing_ok=True)
-    pos, timings = _position(info, rec['extra']) if until is None else _entry_position(until), {}
+    pos, timings = _position(info, rec['extra']) if until is None else _position(until), {}
     if start is not None: pos['start'] = _segment_start(start, rec)
     (out/'stop.json').write_text(json.dumps({**pos, 'path': str(stop.with_suffix(''))}))  # the runner's target
     with _interruptible(), code_worktree(root, git) as wt:

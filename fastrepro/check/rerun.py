@@ -9,7 +9,6 @@ from __future__ import annotations
 import os, re, sys, json, shlex, runpy, types, signal, threading, subprocess, functools
 from pathlib import Path
 from fastai.basics import *
-from ..state.core import training_fit
 from ..checkpoint.file import model_signature
 from ..state.data import data_fingerprint
 from ..state.environment import environment_info
@@ -17,7 +16,7 @@ from ..record.entry import ENTRY_ENV, write_cells, _command
 from .rebuild import ReproduceError, EXIT_REPRODUCED, code_worktree, _interruptible
 from .localise import StepEvent, localise
 from .where import WhereCB, WHERE_NAME, env_settings, env_side, unplayable, kernel_env, KERNEL_VARS
-from .where import step_iteration
+from .where import step_iteration, _AtTarget
 
 # %% auto #0
 __all__ = ['PROBE_TIMEOUT_S', 'THREAD_VARS', 'RUNNER', 'KILL_GRACE_S', 'LOG_TAIL_LINES', 'REPLAY_NOTEBOOK', 'REPLAY',
@@ -26,7 +25,7 @@ __all__ = ['PROBE_TIMEOUT_S', 'THREAD_VARS', 'RUNNER', 'KILL_GRACE_S', 'LOG_TAIL
 
 # %% ../../nbs/check/02_rerun.ipynb #a1700024
 def rerun_env(entry:dict|None, # the recorded entry point (`checkpoint_info(f)['entry']`)
-              overrides:dict|None=None, # variables set on top, e.g. {'OMP_NUM_THREADS': '2'}: what if
+              overrides:dict|None=None, # variables set on top, e.g. {'OMP_NUM_THREADS': '2'}: what if (None: unset)
               base:dict|None=None, # the environment to start from (default: this process's)
              ) -> dict:
     "The re-run's environment: `base`, the `ENTRY_ENV` variables exactly as recorded, then `overrides`"
@@ -34,7 +33,7 @@ def rerun_env(entry:dict|None, # the recorded entry point (`checkpoint_info(f)['
     env.update((entry or {}).get('env') or {})
     if (entry or {}).get('launcher'):  # the launcher sets each rank's own
         for k in ('WORLD_SIZE', 'LOCAL_WORLD_SIZE'): env.pop(k, None)
-    return {**env, **(overrides or {})}
+    return {k: v for k, v in {**env, **(overrides or {})}.items() if v is not None}
 
 PROBE_TIMEOUT_S = 120  # a process that imports torch and prints its thread count (seconds, on a loaded machine)
 THREAD_VARS = ('OMP_NUM_THREADS', 'MKL_NUM_THREADS')  # torch reads the first, then the second over it
@@ -65,13 +64,12 @@ def _expected_env(env:dict, recorded:dict) -> dict:
     return {**here, 'num_threads': _threads(env), 'cpu_kernels': kernels, 'switches': recorded.get('switches')}
 
 # %% ../../nbs/check/02_rerun.ipynb #a1700008
-class StopAtCB(Callback):
+class StopAtCB(_AtTarget):
     "In a `reproduce` re-run: save a checkpoint where the recorded one was written, then end the process"
     order = 100  # after CheckpointCB (90) and the trackers: the run's own checkpoint at that batch comes first
     target = None  # where every StopAtCB built without a target stops: set by `stop_at`, in the re-run's runner
     def __init__(self, target:dict|None=None): # fit, epoch, batch, iteration, model, seed, path, start
         self.target = target or StopAtCB.target
-        self.model = None  # the running fit's model digest: a script may train several learners
         self.fits = 0  # the fits this learner was asked for (a segment skips those before its start)
 
     def plan_fit(self, n_epoch:int, start_epoch:int, **fit_call) -> int|None:
@@ -90,16 +88,13 @@ class StopAtCB(Callback):
         cb = getattr(self.learn, 'repro_cb', None)
         return cb is not None and cb.seed == t['seed'] and model_signature(self.learn.model)['digest'] == t['model']
 
-    def before_fit(self):
-        self.model = model_signature(self.learn.model)['digest'] if training_fit(self.learn) else None
-
     def after_batch(self):
         if self.training: self._stop_here()
     def after_epoch(self): self._stop_here()  # a checkpoint written at the epoch's end, or after the fit
 
     def _stop_here(self):
-        cb, t = getattr(self.learn, 'repro_cb', None), self.target
-        if cb is None or not cb.active or self.model != t['model']: return
+        cb, t = self._repro(), self.target
+        if cb is None: return
         pos = cb.position
         if (pos.fit, pos.epoch, pos.batch, self.learn.train_iter) != (t['fit'], t['epoch'], t['batch'], t['iteration']):
             return
@@ -244,16 +239,15 @@ class WhereRun:
         store_attr()
 
     def __call__(self, target:dict, # `WhereCB`'s, but `out`
-                 name:str, # the files of this re-run: `{name}.json`, `{name}.log`, `{name}-stop.json`
+                 name:str, # the files of this re-run: `{name}.json`, `{name}.log`, `{name}-stop.json`, `{name}.pt`
                  kernels:dict|None=None, # variables to start it with (`kernel_env`; None: unset)
                 ) -> dict:
         "What the re-run's `WhereCB` wrote; a re-run that ends before it raises `ReproduceError`"
-        res, stop, log = (self.out/f'{name}{suffix}' for suffix in ('.json', '-stop.json', '.log'))
-        res.unlink(missing_ok=True)
+        res, stop, log, kept = (self.out/f'{name}{suffix}' for suffix in ('.json', '-stop.json', '.log', '.pt'))
+        for f in (res, kept): f.unlink(missing_ok=True)  # an earlier run's: this one writes its own
         stop.write_text(json.dumps({**self.pos, 'path': str(self.out/'where-unused'), 'where': {**target,
                                                                                                 'out': str(res)}}))
         env = rerun_env(self.info['entry'], {**(self.env or {}), **(kernels or {})})
-        env = {k: v for k, v in env.items() if v is not None}  # a kernel variable set to None: unset
         with _interruptible(), code_worktree(self.root, self.git) as wt:
             argv, cwd = rerun_command(self.info['entry'], wt, stop, self.command)
             run_to_position(argv, cwd, env, log, self.timeout or WHERE_TIMEOUT_S)
@@ -271,9 +265,7 @@ class SideRuns:
     def __call__(self, i:int, probe):
         t = dict(self.target, side=self.settings[i], other=self.settings[1 - i], keep=probe.keep, ops_at=probe.ops_at)
         if probe.keep is not None: t['iteration'] = self.iteration(probe.keep)  # the runs end at the kept event's step
-        kept = self.run.out/f'where-{i}.pt'
-        kept.unlink(missing_ok=True)  # an earlier run's: this one writes its own, if it keeps anything
-        d = self.run(t, f'where-{i}', self.kernels[i])
+        d, kept = self.run(t, f'where-{i}', self.kernels[i]), self.run.out/f'where-{i}.pt'  # `.pt`: what it kept
         probe.events = L(StepEvent(**{**e, 'shape': tuple(e['shape'])}) for e in d['events'])
         probe.ops, self.ran[i], self.starts[i] = d['ops'], d['kernels'], d['starts']
         if i == 0: self.events = probe.events

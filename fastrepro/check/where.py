@@ -74,76 +74,73 @@ WHERE_NAME = 'where.json'  # what the re-run that localises writes beside the re
 
 def _key(v) -> tuple|None: return None if v is None else tuple(v)  # a key, back from JSON
 
-class WhereCB(Callback):
+class _AtTarget(Callback):
+    "Acts in the fits of the learner that trains the model its `target` names (without a target: any learner's)"
+    target, signature = None, None  # the running fit's model digest: a script may train several learners
+    def before_fit(self):
+        self.signature = model_signature(self.learn.model)['digest'] if training_fit(self.learn) else None
+
+    def _repro(self):
+        "The learner's `ReproCB` while it trains the target's model; None elsewhere"
+        cb, t = getattr(self.learn, 'repro_cb', None), self.target
+        return cb if cb is not None and cb.active and (t is None or self.signature == t['model']) else None
+
+class _ProbeFrom(_AtTarget):
+    "Digest every event of the steps from `first` through `last` (`(fit, iteration)`) with `probe`, then `_end` the fit"
+    order = StepProbe.order  # last at `before_batch`: the step's schedule and generators are set
+    def __init__(self, first:tuple, last:tuple, probe:StepProbe|None):
+        store_attr(); self.starts, self.done = [], False  # (first event, iteration) of each step
+
+    def _at(self) -> tuple|None:
+        "(fit, iteration) of the batch that trains now; None elsewhere"
+        cb = self._repro()
+        return None if cb is None or not self.training else (cb.position.fit, self.learn.train_iter)
+
+    def before_batch(self):
+        at = self._at()
+        if at is None or not (self.first <= at <= self.last): return
+        if not self.starts: self._begin()
+        self.starts.append((len(self.probe.events), at[1]))
+    def _begin(self): self.learn.add_cb(self.probe); self.probe.__enter__()
+
+    def after_batch(self):
+        at = self._at()
+        if not self.starts or at is None or (at[0], at[1] - 1) != self.last: return  # `train_iter` counted it
+        self.probe.__exit__(); self.learn.remove_cb(self.probe); self.done = True
+        self._end()
+    def _end(self): raise CancelFitException()
+
+class WhereCB(_ProbeFrom):
     "In a `reproduce` re-run: localise the step where the runs part, or digest every step up to it as side `side`"
     order = 99  # after the callbacks that set a step up (schedulers, autocast); before `StopAtCB`, which ends the run
     target = None  # where every WhereCB built without a target localises: set by `stop_at`, in the re-run's runner
     def __init__(self, target:dict|None=None): # fit, iteration, model, out; recorded and here, or side and other
-        self.target, self.signature, self.probe = target or WhereCB.target, None, None
+        t = self.target = target or WhereCB.target
+        probe = StepProbe(keep=_key(t['keep']), ops_at=_key(t['ops_at'])) if 'side' in t else None
+        super().__init__((t['fit'], 0 if probe else t['iteration']), (t['fit'], t['iteration']), probe)
 
-    def before_fit(self):
-        self.signature = model_signature(self.learn.model)['digest'] if training_fit(self.learn) else None
-
-    def _at(self) -> tuple|None:
-        "(fit, iteration) of the batch that trains now, in the run the target names; None elsewhere"
-        cb = getattr(self.learn, 'repro_cb', None)
-        if not self.training or cb is None or not cb.active or self.signature != self.target['model']: return None
-        return cb.position.fit, self.learn.train_iter
-
-    def before_batch(self):
-        t, at = self.target, self._at()
-        if at is None or at[0] != t['fit']: return
-        if 'side' in t:
-            if self.probe is None: self._digest_from(t)
-            else: self.starts.append((len(self.probe.events), at[1]))
-            return
-        if at[1] != t['iteration']: return
-        res = localise_step(self.learn, env_side(t['recorded'], t['here']), env_side(t['here'], t['recorded']),
-                            where=f"at fit {t['fit']}, iteration {t['iteration']}")
-        self._end(res.to_dict())
-
-    def _digest_from(self, t:dict):
-        "From this step on, play side `t['side']` and digest every event, keeping what `keep` and `ops_at` ask"
-        self.probe = StepProbe(keep=_key(t['keep']), ops_at=_key(t['ops_at']))
+    def _begin(self):
+        "At the iteration: localise its step; with a side: from the fit's first step on, play it and digest every event"
+        t = self.target
+        if self.probe is None:
+            res = localise_step(self.learn, env_side(t['recorded'], t['here']), env_side(t['here'], t['recorded']),
+                                where=f"at fit {t['fit']}, iteration {t['iteration']}")
+            self._end(res.to_dict())
         self.side = env_side(t['side'], t['other'])(self.learn); self.side.__enter__()
-        self.learn.add_cb(self.probe); self.probe.__enter__()
-        self.starts = [(0, self.learn.train_iter)]  # (first event, iteration) of each step
+        super()._begin()
 
-    def after_batch(self):
-        at = self._at()
-        if self.probe is None or at is None or (at[0], at[1] - 1) != (self.target['fit'], self.target['iteration']):
-            return  # fastai has counted the batch: `train_iter - 1` is the one that trained
-        self.probe.__exit__(); self.learn.remove_cb(self.probe); self.side.__exit__(None, None, None)
+    def _end(self, res:dict|None=None):
+        "Write `res` (with a side: its steps' events, ops and kernels) where the target says, and end the process"
         out = Path(self.target['out'])
-        if self.probe.kept and rank_distrib() == 0: torch.save(self.probe.kept, out.with_suffix('.pt'))
-        self._end(dict(events=[asdict(e) for e in self.probe.events], ops=self.probe.ops, starts=self.starts,
-                       kernels=environment_info()['cpu_kernels']))
-
-    def _end(self, res:dict):
-        "Write `res` where the target says, and end the process"
-        if rank_distrib() == 0: Path(self.target['out']).write_text(json.dumps(res, default=str))
+        if res is None:
+            self.side.__exit__(None, None, None)
+            if self.probe.kept and rank_distrib() == 0: torch.save(self.probe.kept, out.with_suffix('.pt'))
+            res = dict(events=[asdict(e) for e in self.probe.events], ops=self.probe.ops, starts=self.starts,
+                       kernels=environment_info()['cpu_kernels'])
+        if rank_distrib() == 0: out.write_text(json.dumps(res, default=str))
         raise SystemExit(EXIT_REPRODUCED)
 
 # %% ../../nbs/check/07_where.ipynb #54b3b67f
-class _ProbeFrom(Callback):
-    "Digest every event of the steps from `first` through `last` (`(fit, iteration)`) with `probe`, then end the fit"
-    order = StepProbe.order  # last at `before_batch`: the step's schedule and generators are set
-    def __init__(self, first:tuple, last:tuple, probe:StepProbe):
-        store_attr(); self.starts, self.active, self.done = [], False, False
-
-    def _at(self) -> tuple: return self.learn.repro_cb.position.fit, self.learn.train_iter
-
-    def before_batch(self):
-        if not self.training or not (self.first <= self._at() <= self.last): return
-        if not self.active: self.learn.add_cb(self.probe); self.probe.__enter__(); self.active = True
-        self.starts.append((len(self.probe.events), self._at()[1]))
-
-    def after_batch(self):
-        fit, it = self._at()
-        if not (self.active and self.training and (fit, it - 1) == self.last): return  # `train_iter` counted it
-        self.probe.__exit__(); self.learn.remove_cb(self.probe); self.active, self.done = False, True
-        raise CancelFitException()
-
 def step_iteration(events, starts:list, key:tuple) -> int:
     "The iteration of the step that holds event `key` of `events`; `starts`: each step's (first event, iteration)"
     k = next(i for i, e in enumerate(events) if e.key == key)
