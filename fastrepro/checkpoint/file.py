@@ -6,7 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/checkpoint/file.html.md"""
 
 # %% ../../nbs/checkpoint/05_file.ipynb #95a33e88
 from __future__ import annotations
-import os, sys, shutil, ctypes, pickle, zipfile, tempfile, warnings, functools
+import os, sys, shutil, ctypes, pickle, zipfile, warnings, functools
 import errno as errno_module
 from concurrent.futures import ThreadPoolExecutor
 from fastai.basics import *
@@ -20,7 +20,7 @@ from .integrity import IntegrityError, zip_records, check_crcs, record_holds, mi
 from .integrity import damage_line, STATE_KEY
 from .formats import SUMMARIES, UPGRADES
 from .trace_file import TraceLog, DamagedLogError, MissingLogError
-from .files import TMP_PREFIX
+from .files import atomic_write
 
 # %% auto #0
 __all__ = ['FORMAT_VERSION', 'DURABLE', 'BESIDE_BYTES', 'CheckpointError', 'ResumeError', 'atomic_torch_save',
@@ -67,16 +67,9 @@ def atomic_torch_save(obj, # what to save with `torch.save`
                 **torch_save_kwargs):
     "`torch.save` `obj` to `file` through a temporary file and an atomic swap"
     file = Path(file)
-    fd, tmp = tempfile.mkstemp(prefix=f'{TMP_PREFIX}{file.name}.', dir=file.parent)
-    try:
-        with os.fdopen(fd, 'wb') as f:
-            torch.save(obj, f, **torch_save_kwargs)
-            if durable: f.flush(); os.fsync(f.fileno())
-        _move_into_place(tmp, file)
+    try: atomic_write(file, partial(torch.save, obj, **torch_save_kwargs), durable, _move_into_place)
     except BaseException as e:
-        if os.path.exists(tmp): os.unlink(tmp)
-        err = write_failure(e, file)
-        if err is None: raise
+        if (err := write_failure(e, file)) is None: raise
         raise err from e
 
 # %% ../../nbs/checkpoint/05_file.ipynb #7bb9ac69

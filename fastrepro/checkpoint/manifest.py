@@ -9,7 +9,7 @@ from __future__ import annotations
 import os, json, hashlib
 from fastai.basics import *
 from ..state.core import digest
-from .files import CheckpointFiles, TMP_PREFIX
+from .files import CheckpointFiles, atomic_write
 from .file import read_checkpoint, split_state, Checkpoint
 
 # %% auto #0
@@ -75,8 +75,6 @@ def add_to_manifest(checkpoint, # the checkpoint just written
     res = [e for e in read_manifest(checkpoint) if run(e) == run(entry) and manifest_key(e) < manifest_key(entry)]
     res.append(entry)
     f = CheckpointFiles(checkpoint).manifest
-    tmp = f.with_name(f'{TMP_PREFIX}{f.name}')
-    tmp.write_text(''.join(json.dumps(e) + '\n' for e in res))
-    os.replace(tmp, f)
+    atomic_write(f, lambda o: o.write(''.join(json.dumps(e) + '\n' for e in res).encode()))
     return res
 

@@ -6,10 +6,10 @@ Docs: https://fastrepro.github.io/fastrepro/checkpoint/trace_file.html.md"""
 
 # %% ../../nbs/checkpoint/04_trace_file.ipynb #06e7863c
 from __future__ import annotations
-import io, os, struct, hashlib, tempfile
+import io, os, struct, hashlib
 from pathlib import Path
 import torch
-from .files import TMP_PREFIX
+from .files import atomic_write
 
 # %% auto #0
 __all__ = ['MAGIC', 'LOG_FORMAT', 'LOG_VERSION', 'DamagedLogError', 'MissingLogError', 'TraceLog']
@@ -71,15 +71,7 @@ class TraceLog:
         path = Path(path)
         data = MAGIC + _encode({'format': LOG_FORMAT, 'version': LOG_VERSION, 'run': run})
         data += b''.join(_encode(r) for r in records)
-        fd, tmp = tempfile.mkstemp(prefix=f'{TMP_PREFIX}{path.name}.', dir=path.parent)
-        try:
-            with os.fdopen(fd, 'wb') as f:
-                f.write(data)
-                if durable: f.flush(); os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp): os.unlink(tmp)
-            raise
+        atomic_write(path, lambda f: f.write(data), durable)
         return cls(path, run, len(data), hashlib.sha256(data))
 
     def append(self, record:dict, # what the run recorded since the last append
