@@ -50,9 +50,6 @@ def parser() -> argparse.ArgumentParser:
         sp.set_defaults(func=f)
     return p
 
-def _show_warning(message, category, filename, lineno, file=None, line=None):
-    print(f"fastrepro: warning: {message}", file=sys.stderr)
-
 @contextlib.contextmanager
 def _library_imports():
     "Import what a command needs (torch, fastai) without the deprecation notices of their imports: not the user's"
@@ -65,7 +62,7 @@ def main(argv:list|None=None, # the arguments (default: `sys.argv[1:]`)
     "The `fastrepro` command line; returns the exit code"
     args = parser().parse_args(argv)
     with warnings.catch_warnings():
-        warnings.showwarning = _show_warning
+        warnings.showwarning = lambda message, *_, **__: print(f"fastrepro: warning: {message}", file=sys.stderr)
         try: return args.func(args) or 0
         except (CLIError, LedgerError, ValueError) as e:
             print(f"fastrepro {args.subcommand}: error: {e}", file=sys.stderr)
@@ -279,12 +276,9 @@ def reproduce_command(args):
             return code
         r = reproduce(args.checkpoint, args.out, **kwargs, show=not args.json, ledger=args.ledger, run=args.run,
                       plan=args.plan)
-        if args.plan:
-            if args.json: print(json.dumps(r, indent=1, default=str))
-            return 0
     except ReproduceError as e: raise CLIError(one_line(e)) from e  # exit code 2, as `EXIT_FAILED`
-    if args.json: print(json.dumps(r.to_dict(), indent=1, default=str))
-    return r.exit_code
+    if args.json: print(json.dumps(r if args.plan else r.to_dict(), indent=1, default=str))  # `--plan`: a dict
+    return 0 if args.plan else r.exit_code
 
 # %% ../nbs/90_cli.ipynb #70fabb78
 @command('trust', arg('checkpoint', help="someone else's checkpoint, whose --plan you have read"))
@@ -357,7 +351,6 @@ def show_command(args):
     try: info = checkpoint_info(path)
     except CheckpointError as e: raise CLIError(one_line(e)) from e
     print(json.dumps(info, indent=1, default=str) if args.json else show_text(info))
-
 
 # %% ../nbs/90_cli.ipynb #07021f1a
 @command('demo', arg('--profile', default='fast',

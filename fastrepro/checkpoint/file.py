@@ -278,11 +278,6 @@ def save(self:Learner, file, **kwargs):
     save_checkpoint(self, file, kwargs.get('with_opt', True), kwargs.get('pickle_protocol', 2))
     return join_path_file(file, self.path/self.model_dir, ext='.pth')
 
-def _rank_part(extra:dict) -> dict:
-    "This process's part of the callbacks' states `extra` holds (see `ReproCB`): its rank's, else rank 0's"
-    ranks = [extra['callbacks']] + extra.get('rank_callbacks', [])
-    return ranks[rank_distrib()] if rank_distrib() < len(ranks) else ranks[0]
-
 def trace_logs(states:dict, # callback name -> its state, read from `file` (one rank's part, in the current format)
                 file, # the checkpoint
                ) -> dict:
@@ -336,8 +331,10 @@ def _repro_load(fastai_load, clean_keys=noop):
                                                "uninterrupted one.")
             return res
         check_compatible(self, extra, path)
-        # a reload inside a fit (SaveModelCallback's best model) restores weights, not a resume point
-        saved = None if in_fit(self) else _rank_part(extra)
+        # a reload inside a fit (SaveModelCallback's best model) restores weights, not a resume point; else this
+        # process's part of the callbacks' states (see `ReproCB`): its rank's, else rank 0's
+        ranks = [extra['callbacks'], *extra.get('rank_callbacks', [])]
+        saved = None if in_fit(self) else ranks[rank_distrib() if rank_distrib() < len(ranks) else 0]
         logs = None if saved is None else trace_logs(saved, path)  # checked before anything is loaded
         # fastai's load_model does these two steps too; the file is read once here instead of twice
         get_model(self.model).load_state_dict(clean_keys(ck.model), strict=strict)

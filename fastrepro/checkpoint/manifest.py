@@ -26,7 +26,6 @@ def state_digest(model) -> str:
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
-
 # %% ../../nbs/checkpoint/06_manifest.ipynb #061ffd10
 POSITION_KEYS = ('fit', 'epoch', 'batch', 'iteration')  # where a checkpoint was written (`StopAtCB` stops there)
 
@@ -52,10 +51,9 @@ def checkpoint_digests(checkpoint, # a checkpoint's path, its `Checkpoint` as re
     else: model, opt, extra = split_state(checkpoint if isinstance(checkpoint, dict) else
                                           read_checkpoint(checkpoint, mmap=True))
     repro = extra['callbacks']['repro_cb']
-    pos = repro['position']
-    return dict(fit=pos['fit'], epoch=pos['epoch'], batch=pos['batch'], iteration=pos['iteration'],
-                model=extra['model']['digest'], seed=repro['seed'], weights=state_digest(model),
-                optimizer=nested_digest(opt), generators=nested_digest((repro.get('inside') or {}).get('generators')))
+    return dict(**{k: repro['position'][k] for k in POSITION_KEYS}, model=extra['model']['digest'], seed=repro['seed'],
+                weights=state_digest(model), optimizer=nested_digest(opt),
+                generators=nested_digest((repro.get('inside') or {}).get('generators')))
 
 def read_manifest(checkpoint) -> list:
     "The manifest entries of the checkpoints written as `checkpoint`, oldest first; [] when it has none"
@@ -77,4 +75,3 @@ def add_to_manifest(checkpoint, # the checkpoint just written
     f = CheckpointFiles(checkpoint).manifest
     atomic_write(f, lambda o: o.write(''.join(json.dumps(e) + '\n' for e in res).encode()))
     return res
-

@@ -26,13 +26,10 @@ class DamagedLogError(ValueError):
 class MissingLogError(FileNotFoundError):
     "The file of records a checkpoint pins is not beside it (the checkpoint was copied without it)"
 
-
 # %% ../../nbs/checkpoint/04_trace_file.ipynb #c715b978
 def _encode(record:dict) -> bytes:
     buf = io.BytesIO(); torch.save(record, buf); b = buf.getvalue()
     return _FRAME.pack(len(b)) + b
-
-def _decode(b:bytes) -> dict: return torch.load(io.BytesIO(b), weights_only=True)
 
 def _frames(f, end:int):
     "The records of the open file `f` from its position to byte `end`"
@@ -41,7 +38,7 @@ def _frames(f, end:int):
         if len(head) < _FRAME.size: raise EOFError("a frame's length is cut")
         (n,) = _FRAME.unpack(head)
         if f.tell() + n > end: raise EOFError("a record runs past the end")
-        yield _decode(f.read(n))
+        yield torch.load(io.BytesIO(f.read(n)), weights_only=True)
 
 class TraceLog:
     "The append-only file of one run's records beside its checkpoints, held to the prefix this process knows"
