@@ -185,8 +185,7 @@ COMPARE_NEEDS = ('experiment', 'baseline', 'variant', 'metric')  # what a compar
          arg('--json', action='store_true', help='print the result as JSON'))
 def compare_command(args):
     "Test whether a variant of an experiment differs from its baseline, over the completed runs in a ledger"
-    missing = [f'--{k}' for k in COMPARE_NEEDS if getattr(args, k) is None]
-    if missing:
+    if missing := [f'--{k}' for k in COMPARE_NEEDS if getattr(args, k) is None]:
         raise CLIError(f"a comparison needs an experiment, a baseline variant, a variant and a metric; missing: "
                        f"{' '.join(missing)}. `fastrepro runs` lists the experiments, variants and metrics a ledger "
                        "holds, e.g. `fastrepro compare --experiment imdb --baseline baseline --variant mixup "

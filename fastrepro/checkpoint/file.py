@@ -91,8 +91,7 @@ def write_failure(e:BaseException, # what writing `file` raised
                   file:Path, # the file that was being written
                  ) -> CheckpointWriteError|None:
     "`e` in plain words, when the system refused the write: what failed, where, the free space and the errno"
-    os_e = _os_error(e)
-    if os_e is None: return None
+    if (os_e := _os_error(e)) is None: return None
     file = Path(file)
     try: free = shutil.disk_usage(file.parent).free
     except OSError: free = None
@@ -246,7 +245,6 @@ def _check_plain(file):
     if head and head != zipfile.stringFileHeader[:2]: return  # a legacy torch file (< 1.6), or no torch file at all
     with checked_file(file): pass
 
-# %% ../../nbs/checkpoint/05_file.ipynb #56c2da54
 def _extends(learn) -> bool: return bool(stateful_cbs(learn)) and not in_lr_find(learn)
 
 _fastai_save = getattr(Learner, '_orig_save', Learner.save)  # fastai's own, also when this cell runs again
@@ -285,8 +283,7 @@ def trace_logs(states:dict, # callback name -> its state, read from `file` (one 
      "`MissingLogError` of one that is not there; a damaged one raises `DamagedCheckpointError`")
     res = {}
     for name, st in states.items():
-        pin = st.get('beside') if isinstance(st, dict) else None
-        if pin is None: continue
+        if (pin := st.get('beside') if isinstance(st, dict) else None) is None: continue
         try: res[name] = TraceLog.open(pin, file)
         except MissingLogError as e: res[name] = e
         except DamagedLogError as e:

@@ -283,8 +283,7 @@ def check_reproduce(demo:Demo):
     why = rebuild_problem(checkpoint_info(ck)['git'])
     if why: return None, f"Skipped, the code of {ck.name} cannot be rebuilt here: {why}", {}
     out = demo.out/'reproduce'
-    job = Job(**pd.read_pickle(ck.parent.parent/JOB_FILE))
-    job.path = out/'run'  # the re-run's checkpoints: not over check 2's
+    job = Job(**{**pd.read_pickle(ck.parent.parent/JOB_FILE), 'path': out/'run'})  # the re-run's: not over check 2's
     job.write()
     shutil.copy(ck.parent/f'{ENCODER}.pth', job.path/'models'/f'{ENCODER}.pth')
     code = (f"from fastrepro.demo.jobs import run_job; run_job({str(job.path/JOB_FILE)!r}, 'preempt', "

@@ -308,8 +308,7 @@ def local_postgres(user:str='fastrepro', # the server's superuser
                    **settings, # server settings, e.g. fsync='off' for tests
                   ):
     "A throwaway PostgreSQL server on 127.0.0.1: yields the URL of its `postgres` database; removed at the end"
-    bindir = postgres_bin()
-    if bindir is None:
+    if (bindir := postgres_bin()) is None:
         raise LedgerError("No PostgreSQL server binaries (initdb, pg_ctl) found: apt-get install postgresql")
     as_root = os.geteuid() == 0
     run_as = ['runuser', '-u', 'postgres', '--'] if as_root else []  # the server refuses to run as root
