@@ -63,8 +63,7 @@ class FitRecord:
             return self._write()
         hp = dict(lr=float(learn.opt.hypers[-1]['lr']) if learn.opt is not None else None, epochs=learn.n_epoch,
                   bs=getattr(learn.dls, 'bs', None), arch=type(get_model(learn.model)).__name__,
-                  loss_func=type(learn.loss_func).__name__, fit=fit, epoch=start_epoch,
-                  world_size=world_size())
+                  loss_func=type(learn.loss_func).__name__, fit=fit, epoch=start_epoch, world_size=world_size())
         self.run_id = resumed if isinstance(resumed, str) else uuid.uuid4().hex  # an unreadable resumed record: its key
         self.earlier, self.fields = 0., dict(
             experiment=self.experiment or DEFAULT_EXPERIMENT, variant=self.variant, seed=seed, hyperparameters=hp,
