@@ -71,8 +71,7 @@ def main(argv:list|None=None, # the arguments (default: `sys.argv[1:]`)
 # %% ../nbs/90_cli.ipynb #8a7eaa90
 def _value(v) -> str:
     if v is None or v == []: return '-'
-    if isinstance(v, (list, tuple)): return ', '.join(map(str, v))
-    return str(v)
+    return ', '.join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
 
 def _lines(d:dict, indent:int=2) -> list:
     "`d` as aligned `key  value` lines, nested dicts indented below their key"

@@ -60,9 +60,8 @@ class JobServer:
     def _answer(self, deadline:float, args) -> dict:
         "The server's next answer, before `deadline` (`time.monotonic`)"
         ready, _, _ = select.select([self.proc.stdout], [], [], max(0., deadline - time.monotonic()))
-        line = self.proc.stdout.readline() if ready else None
-        if line: return json.loads(line)
-        if line is None: raise subprocess.TimeoutExpired(args, deadline - time.monotonic())
+        if not ready: raise subprocess.TimeoutExpired(args, deadline - time.monotonic())
+        if line := self.proc.stdout.readline(): return json.loads(line)
         self.log.seek(0)
         raise RuntimeError(f"The job server ended (exit code {self.proc.wait()}): {self.log.read()[-1500:].strip()}")
 

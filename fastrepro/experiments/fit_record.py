@@ -101,9 +101,8 @@ class FitRecord:
         try:
             ledger = self._ledger()
             if isinstance(resumed, str): return (resumed, rec) if (rec := ledger.record(resumed)) else None
-            runs = ledger.runs(id=resumed)  # a format-3 checkpoint names the record by its id: give it a key
-            if not len(runs): return None
-            key = uuid.uuid4().hex
+            if not len(ledger.runs(id=resumed)): return None
+            key = uuid.uuid4().hex  # a format-3 checkpoint names the record by its id: give it a key
             ledger.update(resumed, run_key=key)
             return key, ledger.record(key)
         except Exception: return None  # unreachable: the fit starts a record of its own, under the same key
