@@ -11,8 +11,6 @@ import errno as errno_module
 from concurrent.futures import ThreadPoolExecutor
 from fastai.basics import *
 from fastai.text.learner import TextLearner, clean_raw_keys
-from fastai.callback.tracker import TrackerCallback
-from fastai.callback.training import GradientAccumulation
 from ..state.core import *
 from ..state.distrib import distributed, gather
 from ..state.data import data_signature

@@ -6,12 +6,11 @@ Docs: https://fastrepro.github.io/fastrepro/checkpoint/integrity.html.md"""
 
 # %% ../../nbs/checkpoint/02_integrity.ipynb #c43bc578
 from __future__ import annotations
-import io, re, mmap, struct, pickle, zipfile, collections
+import io, mmap, struct, pickle, zipfile, collections
 # zlib-ng's CRC-32 (SIMD, carry-less multiplication) runs 3-6x faster than CPython's zlib 1.2 here, the same checksum;
 # where its wheel cannot be installed, the standard library's
 try: from zlib_ng.zlib_ng import crc32
 except ImportError: from zlib import crc32
-from pathlib import Path
 from typing import NamedTuple
 from .files import CheckpointFiles
 

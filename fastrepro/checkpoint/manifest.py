@@ -6,7 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/checkpoint/manifest.html.md"""
 
 # %% ../../nbs/checkpoint/06_manifest.ipynb #915781f5
 from __future__ import annotations
-import os, json, hashlib
+import json, hashlib
 from fastai.basics import *
 from ..state.core import digest
 from .files import CheckpointFiles, atomic_write

@@ -27,10 +27,9 @@ def fit_metrics(learn) -> dict:
     rec = getattr(learn, 'recorder', None)
     if rec is None or not rec.values: return {}
     names = [n for n in rec.metric_names[1:] if n != 'time']
-    final = dict(zip(names, rec.values[-1]))
     cols = list(zip(*[v for v in rec.values if len(v) == len(names)]))
     best = {n: (min if any(s in n for s in LOSS_NAMES) else max)(c) for n, c in zip(names, cols)}
-    return {'final': final, 'best': best}
+    return {'final': dict(zip(names, rec.values[-1])), 'best': best}
 
 def _fit_end(exc:BaseException|None=None, cancelled:bool=False) -> tuple:
     "The ledger status of a fit that ended so, and its note"
