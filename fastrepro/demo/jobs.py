@@ -7,7 +7,6 @@ Docs: https://fastrepro.github.io/fastrepro/demo/jobs.html.md"""
 # %% ../../nbs/demo/02_jobs.ipynb #992a3c85
 from __future__ import annotations
 import os, sys, json, time, signal, select, tempfile, threading, subprocess, dataclasses
-from dataclasses import dataclass
 from fastai.text.all import *
 import fastrepro
 from ..state.kernel_env import DETERMINISTIC_ENV
@@ -120,7 +119,7 @@ class KillAt(KillOn):
         super().__init__('after_batch', signum, fit, it)
         if signum != signal.SIGKILL: self.order = CheckpointCB.order - 1
 
-@dataclass
+@dataclasses.dataclass
 class Job:
     "A ULMFiT run that can be trained, stopped and resumed, each stage in its own process"
     kind:str # 'lm' (the language model, its encoder saved) or 'clas' (the classifier, on the encoder in `path/models`)
