@@ -190,8 +190,7 @@ def model_signature(model) -> dict:
 
 def check_compatible(learn, extra:dict, file):
     "Raise `CheckpointError` when the checkpoint in `file` (fastrepro state `extra`) belongs to another model or data"
-    # `extra` is in the current format (`upgrade_state`)
-    saved, cur = extra['model'], model_signature(learn.model)
+    saved, cur = extra['model'], model_signature(learn.model)  # `extra` is in the current format (`upgrade_state`)
     if saved['digest'] != cur['digest']:
         a, b = saved['shapes'], cur['shapes']
         diffs = [f"{k}: checkpoint {a.get(k)} vs model {b.get(k)}" for k in sorted(set(a) | set(b))

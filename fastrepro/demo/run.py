@@ -37,8 +37,7 @@ FP16_GROWTH_INTERVAL = 5 # clean steps before the scale doubles (PyTorch's defau
 FP16_CPU_EPOCHS = 1
 VARIANT_DROP_MULT = 1.0  # change A of check 5: the classifier's dropout multiplier (the profiles use 0.5)
 VARIANT_WD = 0.1         # change B of check 5: weight decay (fastai's default for Adam: 0.01)
-# the metric check 5 compares (lower is better): accuracy on a few dozen texts moves in big steps
-METRIC = 'valid_loss'
+METRIC = 'valid_loss'  # the metric check 5 compares (lower is better): accuracy on a few dozen texts moves in big steps
 # check 2's two-learner script, killed between its stages, runs on a sample of the texts (each run a few seconds)
 SCRIPT_TEXTS, SCRIPT_CHARS = 40, 300
 NEVER_ITER = 10**9  # check 7's re-run: the preempt job's SIGTERM at an iteration it never reaches (its callbacks kept)
