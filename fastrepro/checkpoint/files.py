@@ -103,8 +103,7 @@ class CheckpointFiles:
     @staticmethod
     def damaged(file) -> Path:
         "The name a damaged checkpoint `file` is set aside under: `{name}.damaged`, out of every `.pth` listing"
-        file = Path(file)
-        return file.with_name(file.name + DAMAGED_SUFFIX)
+        return Path(f'{file}{DAMAGED_SUFFIX}')
 
     def rotate(self, keep:int, # the checkpoints kept, the newest included
               ):
