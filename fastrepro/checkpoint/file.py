@@ -257,8 +257,7 @@ def save_checkpoint(learn, # a learner with stateful callbacks
     for write in filter(None, [own_event(cb, 'before_save') for cb in stateful_cbs(learn)]): write(file)
     states, state = gather(callback_states(learn)), None  # in a distributed run, every rank's, on rank 0 (it writes)
     if states is not None:
-        opt = getattr(learn, 'opt', None)
-        opt_state = opt.state_dict() if with_opt and opt is not None else {}
+        opt_state = learn.opt.state_dict() if with_opt and getattr(learn, 'opt', None) is not None else {}
         state = {'model': get_model(learn.model).state_dict(),
                  'opt': {**opt_state, STATE_KEY: checkpoint_state(learn, states)}}
         atomic_torch_save(state, file, pickle_protocol=pickle_protocol)
