@@ -124,8 +124,7 @@ def _reproduced(runs:pd.DataFrame, reproductions:pd.DataFrame) -> pd.Series:
     "Each run's latest reproduction verdict (`fastrepro reproduce --ledger`), with the id of its record"
     res = pd.Series(None, index=runs.index, dtype=object)
     for rid, r in reproductions.iterrows():  # oldest first: the latest stays
-        target = (r.tags or {}).get('reproduces')
-        if target in res.index: res[target] = f"{r.notes.split(';')[0]} (#{rid})"
+        if (target := (r.tags or {}).get('reproduces')) in res.index: res[target] = f"{r.notes.split(';')[0]} (#{rid})"
     return res
 
 def sync_spools(spools:list, # spool files (`Spool`), or folders holding one (a run's `models`)
