@@ -27,8 +27,7 @@ from .state.audit import NondeterminismError, NondeterminismWarning
 from .state.audit import audit_model, audit_switches, fix_rnn_dropout
 from .record.trace import save_trace, load_trace
 from .checkpoint.manifest import state_digest
-from .record.divergence import first_divergence
-from .record.divergence import RunRecord, same_run, plot_losses
+from .record.divergence import first_divergence, RunRecord, same_run, plot_losses
 from .record.provenance import DirtyTreeError, ProvenanceWarning, RankMismatchError
 from .record.provenance import git_info, git_patch, check_clean, run_provenance
 from .state.environment import environment_info, env_diff
@@ -46,6 +45,5 @@ from .check.rebuild import ReproduceError
 from .check.localise import audit_step, localise_step  # its sides (`threads`, `hypers`, ...) stay there
 from .check.where import where_runs_part
 
-# %% ../nbs/99_all.ipynb #d209bc32
 # nbdev writes an empty `__all__` for a module that defines nothing: the namespace is every name imported above
 __all__ = [n for n, o in globals().items() if not n.startswith('_') and not isinstance(o, type(core))]

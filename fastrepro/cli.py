@@ -50,9 +50,6 @@ def parser() -> argparse.ArgumentParser:
         sp.set_defaults(func=f)
     return p
 
-def _show_warning(message, category, filename, lineno, file=None, line=None):
-    print(f"fastrepro: warning: {message}", file=sys.stderr)
-
 @contextlib.contextmanager
 def _library_imports():
     "Import what a command needs (torch, fastai) without the deprecation notices of their imports: not the user's"
@@ -65,7 +62,7 @@ def main(argv:list|None=None, # the arguments (default: `sys.argv[1:]`)
     "The `fastrepro` command line; returns the exit code"
     args = parser().parse_args(argv)
     with warnings.catch_warnings():
-        warnings.showwarning = _show_warning
+        warnings.showwarning = lambda message, *_, **__: print(f"fastrepro: warning: {message}", file=sys.stderr)
         try: return args.func(args) or 0
         except (CLIError, LedgerError, ValueError) as e:
             print(f"fastrepro {args.subcommand}: error: {e}", file=sys.stderr)
@@ -74,8 +71,7 @@ def main(argv:list|None=None, # the arguments (default: `sys.argv[1:]`)
 # %% ../nbs/90_cli.ipynb #8a7eaa90
 def _value(v) -> str:
     if v is None or v == []: return '-'
-    if isinstance(v, (list, tuple)): return ', '.join(map(str, v))
-    return str(v)
+    return ', '.join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
 
 def _lines(d:dict, indent:int=2) -> list:
     "`d` as aligned `key  value` lines, nested dicts indented below their key"
@@ -128,8 +124,7 @@ def _reproduced(runs:pd.DataFrame, reproductions:pd.DataFrame) -> pd.Series:
     "Each run's latest reproduction verdict (`fastrepro reproduce --ledger`), with the id of its record"
     res = pd.Series(None, index=runs.index, dtype=object)
     for rid, r in reproductions.iterrows():  # oldest first: the latest stays
-        target = (r.tags or {}).get('reproduces')
-        if target in res.index: res[target] = f"{r.notes.split(';')[0]} (#{rid})"
+        if (target := (r.tags or {}).get('reproduces')) in res.index: res[target] = f"{r.notes.split(';')[0]} (#{rid})"
     return res
 
 def sync_spools(spools:list, # spool files (`Spool`), or folders holding one (a run's `models`)
@@ -188,8 +183,7 @@ COMPARE_NEEDS = ('experiment', 'baseline', 'variant', 'metric')  # what a compar
          arg('--json', action='store_true', help='print the result as JSON'))
 def compare_command(args):
     "Test whether a variant of an experiment differs from its baseline, over the completed runs in a ledger"
-    missing = [f'--{k}' for k in COMPARE_NEEDS if getattr(args, k) is None]
-    if missing:
+    if missing := [f'--{k}' for k in COMPARE_NEEDS if getattr(args, k) is None]:
         raise CLIError(f"a comparison needs an experiment, a baseline variant, a variant and a metric; missing: "
                        f"{' '.join(missing)}. `fastrepro runs` lists the experiments, variants and metrics a ledger "
                        "holds, e.g. `fastrepro compare --experiment imdb --baseline baseline --variant mixup "
@@ -279,12 +273,9 @@ def reproduce_command(args):
             return code
         r = reproduce(args.checkpoint, args.out, **kwargs, show=not args.json, ledger=args.ledger, run=args.run,
                       plan=args.plan)
-        if args.plan:
-            if args.json: print(json.dumps(r, indent=1, default=str))
-            return 0
     except ReproduceError as e: raise CLIError(one_line(e)) from e  # exit code 2, as `EXIT_FAILED`
-    if args.json: print(json.dumps(r.to_dict(), indent=1, default=str))
-    return r.exit_code
+    if args.json: print(json.dumps(r if args.plan else r.to_dict(), indent=1, default=str))  # `--plan`: a dict
+    return 0 if args.plan else r.exit_code
 
 # %% ../nbs/90_cli.ipynb #70fabb78
 @command('trust', arg('checkpoint', help="someone else's checkpoint, whose --plan you have read"))
@@ -357,7 +348,6 @@ def show_command(args):
     try: info = checkpoint_info(path)
     except CheckpointError as e: raise CLIError(one_line(e)) from e
     print(json.dumps(info, indent=1, default=str) if args.json else show_text(info))
-
 
 # %% ../nbs/90_cli.ipynb #07021f1a
 @command('demo', arg('--profile', default='fast',

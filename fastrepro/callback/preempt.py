@@ -144,8 +144,7 @@ class CheckpointCB(Callback, ReproEvents):
         name, pos, status = signal.Signals(signum).name, self.learn.repro_cb.position, SIGNAL_EXIT_BASE + signum
         where = (f"epoch {pos.epoch}, after {pos.batch} of {len(self.dls.train)} batches" if pos.batch
                  else f"before epoch {pos.epoch}")
-        why = self._inside_problem()
-        if why is not None:
+        if (why := self._inside_problem()) is not None:
             _tell(f"fastrepro: {name}: no checkpoint written at {where}: {why}. {self.resume.newest()} Exiting with "
                   f"status {status}.", file=sys.stderr, flush=True)
             raise SystemExit(status)
@@ -207,8 +206,7 @@ class Autoresume:
         cb = self.cb
         cb.fit_number = n = next(_script_fits)
         self._lock()
-        done = cb.files.fit_end(n)
-        if done.exists(): return self._skip(done, Checkpoint(done, cb.learn))
+        if (done := cb.files.fit_end(n)).exists(): return self._skip(done, Checkpoint(done, cb.learn))
         if not cb.path.exists(): return start_epoch
         ck = self.newest_intact()  # a damaged newest one: the newest intact one kept (`keep`) takes its place
         info = ck.info

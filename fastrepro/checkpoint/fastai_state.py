@@ -125,8 +125,7 @@ def fastai_callback_states(learn:Learner) -> dict:
 def set_fastai_callback_states(learn:Learner, states:dict):
     "Put back the states `fastai_callback_states` returned, into the same callbacks (by name)"
     for name, st in states.items():
-        cb = getattr(learn, name, None)
-        if cb is None:
+        if (cb := getattr(learn, name, None)) is None:
             warnings.warn(f"The checkpoint holds the state of fastai's `{name}`, which is not attached: a resumed run "
                           f"without it differs from the uninterrupted one. Attach it before the fit.")
             continue

@@ -6,13 +6,11 @@ Docs: https://fastrepro.github.io/fastrepro/checkpoint/file.html.md"""
 
 # %% ../../nbs/checkpoint/05_file.ipynb #95a33e88
 from __future__ import annotations
-import os, sys, shutil, ctypes, pickle, zipfile, tempfile, warnings, functools
+import os, sys, shutil, ctypes, pickle, zipfile, warnings, functools
 import errno as errno_module
 from concurrent.futures import ThreadPoolExecutor
 from fastai.basics import *
 from fastai.text.learner import TextLearner, clean_raw_keys
-from fastai.callback.tracker import TrackerCallback
-from fastai.callback.training import GradientAccumulation
 from ..state.core import *
 from ..state.distrib import distributed, gather
 from ..state.data import data_signature
@@ -20,7 +18,7 @@ from .integrity import IntegrityError, zip_records, check_crcs, record_holds, mi
 from .integrity import damage_line, STATE_KEY
 from .formats import SUMMARIES, UPGRADES
 from .trace_file import TraceLog, DamagedLogError, MissingLogError
-from .files import TMP_PREFIX
+from .files import atomic_write
 
 # %% auto #0
 __all__ = ['FORMAT_VERSION', 'DURABLE', 'BESIDE_BYTES', 'CheckpointError', 'ResumeError', 'atomic_torch_save',
@@ -67,16 +65,9 @@ def atomic_torch_save(obj, # what to save with `torch.save`
                 **torch_save_kwargs):
     "`torch.save` `obj` to `file` through a temporary file and an atomic swap"
     file = Path(file)
-    fd, tmp = tempfile.mkstemp(prefix=f'{TMP_PREFIX}{file.name}.', dir=file.parent)
-    try:
-        with os.fdopen(fd, 'wb') as f:
-            torch.save(obj, f, **torch_save_kwargs)
-            if durable: f.flush(); os.fsync(f.fileno())
-        _move_into_place(tmp, file)
+    try: atomic_write(file, partial(torch.save, obj, **torch_save_kwargs), durable, _move_into_place)
     except BaseException as e:
-        if os.path.exists(tmp): os.unlink(tmp)
-        err = write_failure(e, file)
-        if err is None: raise
+        if (err := write_failure(e, file)) is None: raise
         raise err from e
 
 # %% ../../nbs/checkpoint/05_file.ipynb #7bb9ac69
@@ -98,8 +89,7 @@ def write_failure(e:BaseException, # what writing `file` raised
                   file:Path, # the file that was being written
                  ) -> CheckpointWriteError|None:
     "`e` in plain words, when the system refused the write: what failed, where, the free space and the errno"
-    os_e = _os_error(e)
-    if os_e is None: return None
+    if (os_e := _os_error(e)) is None: return None
     file = Path(file)
     try: free = shutil.disk_usage(file.parent).free
     except OSError: free = None
@@ -200,8 +190,7 @@ def model_signature(model) -> dict:
 
 def check_compatible(learn, extra:dict, file):
     "Raise `CheckpointError` when the checkpoint in `file` (fastrepro state `extra`) belongs to another model or data"
-    # `extra` is in the current format (`upgrade_state`)
-    saved, cur = extra['model'], model_signature(learn.model)
+    saved, cur = extra['model'], model_signature(learn.model)  # `extra` is in the current format (`upgrade_state`)
     if saved['digest'] != cur['digest']:
         a, b = saved['shapes'], cur['shapes']
         diffs = [f"{k}: checkpoint {a.get(k)} vs model {b.get(k)}" for k in sorted(set(a) | set(b))
@@ -253,7 +242,6 @@ def _check_plain(file):
     if head and head != zipfile.stringFileHeader[:2]: return  # a legacy torch file (< 1.6), or no torch file at all
     with checked_file(file): pass
 
-# %% ../../nbs/checkpoint/05_file.ipynb #56c2da54
 def _extends(learn) -> bool: return bool(stateful_cbs(learn)) and not in_lr_find(learn)
 
 _fastai_save = getattr(Learner, '_orig_save', Learner.save)  # fastai's own, also when this cell runs again
@@ -269,8 +257,7 @@ def save_checkpoint(learn, # a learner with stateful callbacks
     for write in filter(None, [own_event(cb, 'before_save') for cb in stateful_cbs(learn)]): write(file)
     states, state = gather(callback_states(learn)), None  # in a distributed run, every rank's, on rank 0 (it writes)
     if states is not None:
-        opt = getattr(learn, 'opt', None)
-        opt_state = opt.state_dict() if with_opt and opt is not None else {}
+        opt_state = learn.opt.state_dict() if with_opt and getattr(learn, 'opt', None) is not None else {}
         state = {'model': get_model(learn.model).state_dict(),
                  'opt': {**opt_state, STATE_KEY: checkpoint_state(learn, states)}}
         atomic_torch_save(state, file, pickle_protocol=pickle_protocol)
@@ -285,11 +272,6 @@ def save(self:Learner, file, **kwargs):
     save_checkpoint(self, file, kwargs.get('with_opt', True), kwargs.get('pickle_protocol', 2))
     return join_path_file(file, self.path/self.model_dir, ext='.pth')
 
-def _rank_part(extra:dict) -> dict:
-    "This process's part of the callbacks' states `extra` holds (see `ReproCB`): its rank's, else rank 0's"
-    ranks = [extra['callbacks']] + extra.get('rank_callbacks', [])
-    return ranks[rank_distrib()] if rank_distrib() < len(ranks) else ranks[0]
-
 def trace_logs(states:dict, # callback name -> its state, read from `file` (one rank's part, in the current format)
                 file, # the checkpoint
                ) -> dict:
@@ -297,8 +279,7 @@ def trace_logs(states:dict, # callback name -> its state, read from `file` (one 
      "`MissingLogError` of one that is not there; a damaged one raises `DamagedCheckpointError`")
     res = {}
     for name, st in states.items():
-        pin = st.get('beside') if isinstance(st, dict) else None
-        if pin is None: continue
+        if (pin := st.get('beside') if isinstance(st, dict) else None) is None: continue
         try: res[name] = TraceLog.open(pin, file)
         except MissingLogError as e: res[name] = e
         except DamagedLogError as e:
@@ -343,8 +324,10 @@ def _repro_load(fastai_load, clean_keys=noop):
                                                "uninterrupted one.")
             return res
         check_compatible(self, extra, path)
-        # a reload inside a fit (SaveModelCallback's best model) restores weights, not a resume point
-        saved = None if in_fit(self) else _rank_part(extra)
+        # a reload inside a fit (SaveModelCallback's best model) restores weights, not a resume point; else this
+        # process's part of the callbacks' states (see `ReproCB`): its rank's, else rank 0's
+        ranks = [extra['callbacks'], *extra.get('rank_callbacks', [])]
+        saved = None if in_fit(self) else ranks[rank_distrib() if rank_distrib() < len(ranks) else 0]
         logs = None if saved is None else trace_logs(saved, path)  # checked before anything is loaded
         # fastai's load_model does these two steps too; the file is read once here instead of twice
         get_model(self.model).load_state_dict(clean_keys(ck.model), strict=strict)

@@ -6,11 +6,11 @@ Docs: https://fastrepro.github.io/fastrepro/checkpoint/files.html.md"""
 
 # %% ../../nbs/checkpoint/01_files.ipynb #eb9a4cd0
 from __future__ import annotations
-import os, re, shutil
+import os, re, shutil, tempfile
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['TMP_PREFIX', 'MANIFEST_SUFFIX', 'LOCK_SUFFIX', 'DAMAGED_SUFFIX', 'TRACE_SUFFIX', 'RUN_CHARS', 'link',
+__all__ = ['TMP_PREFIX', 'MANIFEST_SUFFIX', 'LOCK_SUFFIX', 'DAMAGED_SUFFIX', 'TRACE_SUFFIX', 'RUN_CHARS', 'link', 'atomic_write',
            'CheckpointFiles']
 
 # %% ../../nbs/checkpoint/01_files.ipynb #b08b995e
@@ -30,6 +30,22 @@ def link(src:Path, # an existing file
     try: os.link(src, tmp)
     except OSError: shutil.copy2(src, tmp)
     os.replace(tmp, dst)
+
+def atomic_write(file:Path, # the final path
+                 write, # `write(f)` writes the whole content into the open binary file `f`
+                 durable:bool=False, # also `fsync` before `put`: survives a power cut, not only a killed process
+                 put=os.replace, # `put(tmp, file)` gives the complete temporary file its name
+                ):
+    "Write `file` through a temporary file beside it (`TMP_PREFIX`), named `file` once whole; removed on failure"
+    fd, tmp = tempfile.mkstemp(prefix=f'{TMP_PREFIX}{file.name}.', dir=file.parent)
+    try:
+        with os.fdopen(fd, 'wb') as f:
+            write(f)
+            if durable: f.flush(); os.fsync(f.fileno())
+        put(tmp, file)
+    except BaseException:
+        if os.path.exists(tmp): os.unlink(tmp)
+        raise
 
 class CheckpointFiles:
     "The names of a checkpoint's files in its folder: the kept ones, a fit's end, its manifest, lock and trace files"
@@ -87,8 +103,7 @@ class CheckpointFiles:
     @staticmethod
     def damaged(file) -> Path:
         "The name a damaged checkpoint `file` is set aside under: `{name}.damaged`, out of every `.pth` listing"
-        file = Path(file)
-        return file.with_name(file.name + DAMAGED_SUFFIX)
+        return Path(f'{file}{DAMAGED_SUFFIX}')
 
     def rotate(self, keep:int, # the checkpoints kept, the newest included
               ):

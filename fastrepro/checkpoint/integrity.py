@@ -6,12 +6,11 @@ Docs: https://fastrepro.github.io/fastrepro/checkpoint/integrity.html.md"""
 
 # %% ../../nbs/checkpoint/02_integrity.ipynb #c43bc578
 from __future__ import annotations
-import io, re, mmap, struct, pickle, zipfile, collections
+import io, mmap, struct, pickle, zipfile, collections
 # zlib-ng's CRC-32 (SIMD, carry-less multiplication) runs 3-6x faster than CPython's zlib 1.2 here, the same checksum;
 # where its wheel cannot be installed, the standard library's
 try: from zlib_ng.zlib_ng import crc32
 except ImportError: from zlib import crc32
-from pathlib import Path
 from typing import NamedTuple
 from .files import CheckpointFiles
 
@@ -148,8 +147,7 @@ def record_holds(f, # a zip file open for reading in binary mode
     top, rest = _split(name)
     if rest == 'data.pkl': return 'pickle'
     if not rest.startswith('data/'): return None
-    pkl = [r for r in records if r.name == f'{top}/data.pkl']
-    if not pkl: return ()
+    if not (pkl := [r for r in records if r.name == f'{top}/data.pkl']): return ()
     f.seek(pkl[0].start)
     try: paths = storage_paths(f.read(pkl[0].size))
     except Exception: return ()  # a damaged pickle: nothing more is known
@@ -159,8 +157,7 @@ def missing_storages(f, # a zip file open for reading in binary mode, that its `
                      records:list, # its `zip_records`
                     ) -> dict:
     "The tensor storages `f`'s pickle refers to that no record holds: record name -> the path of the value"
-    pkl = [r for r in records if _split(r.name)[1] == 'data.pkl']
-    if not pkl: return {}
+    if not (pkl := [r for r in records if _split(r.name)[1] == 'data.pkl']): return {}
     top, names = _split(pkl[0].name)[0], {r.name for r in records}
     f.seek(pkl[0].start)
     paths = storage_paths(f.read(pkl[0].size))

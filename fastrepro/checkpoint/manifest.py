@@ -6,10 +6,10 @@ Docs: https://fastrepro.github.io/fastrepro/checkpoint/manifest.html.md"""
 
 # %% ../../nbs/checkpoint/06_manifest.ipynb #915781f5
 from __future__ import annotations
-import os, json, hashlib
+import json, hashlib
 from fastai.basics import *
 from ..state.core import digest
-from .files import CheckpointFiles, TMP_PREFIX
+from .files import CheckpointFiles, atomic_write
 from .file import read_checkpoint, split_state, Checkpoint
 
 # %% auto #0
@@ -25,7 +25,6 @@ def state_digest(model) -> str:
         h.update(f"{k}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
-
 
 # %% ../../nbs/checkpoint/06_manifest.ipynb #061ffd10
 POSITION_KEYS = ('fit', 'epoch', 'batch', 'iteration')  # where a checkpoint was written (`StopAtCB` stops there)
@@ -52,10 +51,9 @@ def checkpoint_digests(checkpoint, # a checkpoint's path, its `Checkpoint` as re
     else: model, opt, extra = split_state(checkpoint if isinstance(checkpoint, dict) else
                                           read_checkpoint(checkpoint, mmap=True))
     repro = extra['callbacks']['repro_cb']
-    pos = repro['position']
-    return dict(fit=pos['fit'], epoch=pos['epoch'], batch=pos['batch'], iteration=pos['iteration'],
-                model=extra['model']['digest'], seed=repro['seed'], weights=state_digest(model),
-                optimizer=nested_digest(opt), generators=nested_digest((repro.get('inside') or {}).get('generators')))
+    return dict(**{k: repro['position'][k] for k in POSITION_KEYS}, model=extra['model']['digest'], seed=repro['seed'],
+                weights=state_digest(model), optimizer=nested_digest(opt),
+                generators=nested_digest((repro.get('inside') or {}).get('generators')))
 
 def read_manifest(checkpoint) -> list:
     "The manifest entries of the checkpoints written as `checkpoint`, oldest first; [] when it has none"
@@ -75,8 +73,5 @@ def add_to_manifest(checkpoint, # the checkpoint just written
     res = [e for e in read_manifest(checkpoint) if run(e) == run(entry) and manifest_key(e) < manifest_key(entry)]
     res.append(entry)
     f = CheckpointFiles(checkpoint).manifest
-    tmp = f.with_name(f'{TMP_PREFIX}{f.name}')
-    tmp.write_text(''.join(json.dumps(e) + '\n' for e in res))
-    os.replace(tmp, f)
+    atomic_write(f, lambda o: o.write(''.join(json.dumps(e) + '\n' for e in res).encode()))
     return res
-

@@ -116,8 +116,7 @@ class ResumePlan:
                 return cls(None, Position(max(last.fit, 0), n_epoch, start), resumes=True, log=log)
             _check_continues(state, start, n_epoch, deterministic_data, allow_world_size_change)
             return cls(state, Position(pos['fit'], n_epoch, start), resumes=True, batch=pos['batch'], log=log)
-        dropped = _dropped_start_epoch()
-        if dropped:
+        if dropped := _dropped_start_epoch():
             raise ResumeError(f"`{dropped[0]}` was called with start_epoch={dropped[1]} but does not pass it on to "
                               "`Learner.fit` (fastai's `fit_flat_cos` does this), so this fit would silently restart "
                               "at epoch 0. Resume with `fit_one_cycle`, `fit_sgdr` or `fit`, which honour start_epoch.")
@@ -220,8 +219,7 @@ def restore_end(learn:Learner, # the learner that loaded the checkpoint
                 log:TraceLog|None=None, # the trace file `state` pins, checked (`trace_logs`)
                ):
     "Put `learn` where the fit that wrote `state` left it, as if that fit had just returned"
-    end = state.get('end')
-    if end is None:
+    if (end := state.get('end')) is None:
         raise ResumeError(f"{file or 'The checkpoint'} holds no end state of its fit (fastrepro wrote none before "
                           "checkpoint format 6): skipping the fit would leave the generators, fastai's counters and "
                           "the loaders elsewhere than the fit left them. Delete it to run that fit again.")
@@ -287,7 +285,6 @@ def run_difference(saved:dict, # the checkpoint's `run_identity` (format 5 and o
             return f"{what} {show(saved[k])} in {where}, {show(now[k])} in this run"
     return None
 
-# %% ../../nbs/checkpoint/08_resume.ipynb #ca4f64cb
 class RunLock:
     "An OS lock (`flock`) on the file `path`, held by this process until it ends; its holder said in the file"
     held = {}  # path -> the open file holding its lock: a process takes each lock once, for all its fits

@@ -6,10 +6,10 @@ Docs: https://fastrepro.github.io/fastrepro/checkpoint/trace_file.html.md"""
 
 # %% ../../nbs/checkpoint/04_trace_file.ipynb #06e7863c
 from __future__ import annotations
-import io, os, struct, hashlib, tempfile
+import io, os, struct, hashlib
 from pathlib import Path
 import torch
-from .files import TMP_PREFIX
+from .files import atomic_write
 
 # %% auto #0
 __all__ = ['MAGIC', 'LOG_FORMAT', 'LOG_VERSION', 'DamagedLogError', 'MissingLogError', 'TraceLog']
@@ -26,13 +26,10 @@ class DamagedLogError(ValueError):
 class MissingLogError(FileNotFoundError):
     "The file of records a checkpoint pins is not beside it (the checkpoint was copied without it)"
 
-
 # %% ../../nbs/checkpoint/04_trace_file.ipynb #c715b978
 def _encode(record:dict) -> bytes:
     buf = io.BytesIO(); torch.save(record, buf); b = buf.getvalue()
     return _FRAME.pack(len(b)) + b
-
-def _decode(b:bytes) -> dict: return torch.load(io.BytesIO(b), weights_only=True)
 
 def _frames(f, end:int):
     "The records of the open file `f` from its position to byte `end`"
@@ -41,7 +38,7 @@ def _frames(f, end:int):
         if len(head) < _FRAME.size: raise EOFError("a frame's length is cut")
         (n,) = _FRAME.unpack(head)
         if f.tell() + n > end: raise EOFError("a record runs past the end")
-        yield _decode(f.read(n))
+        yield torch.load(io.BytesIO(f.read(n)), weights_only=True)
 
 class TraceLog:
     "The append-only file of one run's records beside its checkpoints, held to the prefix this process knows"
@@ -71,15 +68,7 @@ class TraceLog:
         path = Path(path)
         data = MAGIC + _encode({'format': LOG_FORMAT, 'version': LOG_VERSION, 'run': run})
         data += b''.join(_encode(r) for r in records)
-        fd, tmp = tempfile.mkstemp(prefix=f'{TMP_PREFIX}{path.name}.', dir=path.parent)
-        try:
-            with os.fdopen(fd, 'wb') as f:
-                f.write(data)
-                if durable: f.flush(); os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp): os.unlink(tmp)
-            raise
+        atomic_write(path, lambda f: f.write(data), durable)
         return cls(path, run, len(data), hashlib.sha256(data))
 
     def append(self, record:dict, # what the run recorded since the last append

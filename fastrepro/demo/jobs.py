@@ -7,7 +7,6 @@ Docs: https://fastrepro.github.io/fastrepro/demo/jobs.html.md"""
 # %% ../../nbs/demo/02_jobs.ipynb #992a3c85
 from __future__ import annotations
 import os, sys, json, time, signal, select, tempfile, threading, subprocess, dataclasses
-from dataclasses import dataclass
 from fastai.text.all import *
 import fastrepro
 from ..state.kernel_env import DETERMINISTIC_ENV
@@ -60,9 +59,8 @@ class JobServer:
     def _answer(self, deadline:float, args) -> dict:
         "The server's next answer, before `deadline` (`time.monotonic`)"
         ready, _, _ = select.select([self.proc.stdout], [], [], max(0., deadline - time.monotonic()))
-        line = self.proc.stdout.readline() if ready else None
-        if line: return json.loads(line)
-        if line is None: raise subprocess.TimeoutExpired(args, deadline - time.monotonic())
+        if not ready: raise subprocess.TimeoutExpired(args, deadline - time.monotonic())
+        if line := self.proc.stdout.readline(): return json.loads(line)
         self.log.seek(0)
         raise RuntimeError(f"The job server ended (exit code {self.proc.wait()}): {self.log.read()[-1500:].strip()}")
 
@@ -121,7 +119,7 @@ class KillAt(KillOn):
         super().__init__('after_batch', signum, fit, it)
         if signum != signal.SIGKILL: self.order = CheckpointCB.order - 1
 
-@dataclass
+@dataclasses.dataclass
 class Job:
     "A ULMFiT run that can be trained, stopped and resumed, each stage in its own process"
     kind:str # 'lm' (the language model, its encoder saved) or 'clas' (the classifier, on the encoder in `path/models`)

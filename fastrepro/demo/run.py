@@ -37,8 +37,7 @@ FP16_GROWTH_INTERVAL = 5 # clean steps before the scale doubles (PyTorch's defau
 FP16_CPU_EPOCHS = 1
 VARIANT_DROP_MULT = 1.0  # change A of check 5: the classifier's dropout multiplier (the profiles use 0.5)
 VARIANT_WD = 0.1         # change B of check 5: weight decay (fastai's default for Adam: 0.01)
-# the metric check 5 compares (lower is better): accuracy on a few dozen texts moves in big steps
-METRIC = 'valid_loss'
+METRIC = 'valid_loss'  # the metric check 5 compares (lower is better): accuracy on a few dozen texts moves in big steps
 # check 2's two-learner script, killed between its stages, runs on a sample of the texts (each run a few seconds)
 SCRIPT_TEXTS, SCRIPT_CHARS = 40, 300
 NEVER_ITER = 10**9  # check 7's re-run: the preempt job's SIGTERM at an iteration it never reaches (its callbacks kept)
@@ -283,8 +282,7 @@ def check_reproduce(demo:Demo):
     why = rebuild_problem(checkpoint_info(ck)['git'])
     if why: return None, f"Skipped, the code of {ck.name} cannot be rebuilt here: {why}", {}
     out = demo.out/'reproduce'
-    job = Job(**pd.read_pickle(ck.parent.parent/JOB_FILE))
-    job.path = out/'run'  # the re-run's checkpoints: not over check 2's
+    job = Job(**{**pd.read_pickle(ck.parent.parent/JOB_FILE), 'path': out/'run'})  # the re-run's: not over check 2's
     job.write()
     shutil.copy(ck.parent/f'{ENCODER}.pth', job.path/'models'/f'{ENCODER}.pth')
     code = (f"from fastrepro.demo.jobs import run_job; run_job({str(job.path/JOB_FILE)!r}, 'preempt', "

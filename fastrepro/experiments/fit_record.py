@@ -27,10 +27,9 @@ def fit_metrics(learn) -> dict:
     rec = getattr(learn, 'recorder', None)
     if rec is None or not rec.values: return {}
     names = [n for n in rec.metric_names[1:] if n != 'time']
-    final = dict(zip(names, rec.values[-1]))
     cols = list(zip(*[v for v in rec.values if len(v) == len(names)]))
     best = {n: (min if any(s in n for s in LOSS_NAMES) else max)(c) for n, c in zip(names, cols)}
-    return {'final': final, 'best': best}
+    return {'final': dict(zip(names, rec.values[-1])), 'best': best}
 
 def _fit_end(exc:BaseException|None=None, cancelled:bool=False) -> tuple:
     "The ledger status of a fit that ended so, and its note"
@@ -63,8 +62,7 @@ class FitRecord:
             return self._write()
         hp = dict(lr=float(learn.opt.hypers[-1]['lr']) if learn.opt is not None else None, epochs=learn.n_epoch,
                   bs=getattr(learn.dls, 'bs', None), arch=type(get_model(learn.model)).__name__,
-                  loss_func=type(learn.loss_func).__name__, fit=fit, epoch=start_epoch,
-                  world_size=world_size())
+                  loss_func=type(learn.loss_func).__name__, fit=fit, epoch=start_epoch, world_size=world_size())
         self.run_id = resumed if isinstance(resumed, str) else uuid.uuid4().hex  # an unreadable resumed record: its key
         self.earlier, self.fields = 0., dict(
             experiment=self.experiment or DEFAULT_EXPERIMENT, variant=self.variant, seed=seed, hyperparameters=hp,
@@ -102,9 +100,8 @@ class FitRecord:
         try:
             ledger = self._ledger()
             if isinstance(resumed, str): return (resumed, rec) if (rec := ledger.record(resumed)) else None
-            runs = ledger.runs(id=resumed)  # a format-3 checkpoint names the record by its id: give it a key
-            if not len(runs): return None
-            key = uuid.uuid4().hex
+            if not len(ledger.runs(id=resumed)): return None
+            key = uuid.uuid4().hex  # a format-3 checkpoint names the record by its id: give it a key
             ledger.update(resumed, run_key=key)
             return key, ledger.record(key)
         except Exception: return None  # unreachable: the fit starts a record of its own, under the same key

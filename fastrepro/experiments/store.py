@@ -121,9 +121,6 @@ _SERVER_HINTS = {  # what a server's message means a user should do
     'does not exist': ". Check the database and user names in the URL; `createdb` makes a database.",
     'connection': ". Check the host and port in the URL, and that the server runs and accepts TCP connections.",
 }
-def _server_hint(e:Exception) -> str:
-    "The one thing to do about a server's error `e`, where its message says"
-    return next((h for k,h in _SERVER_HINTS.items() if k in str(e).lower()), '')
 
 # what SQLite says when its file system refuses: full, read-only (WAL cannot open its shared memory), failing
 _UNWRITABLE = ('full', 'readonly', 'disk I/O error', 'unable to open database file')
@@ -211,7 +208,8 @@ class PostgresDB:
         "The one-line error to raise instead of `e`, if any: whatever the server or the connection to it says"
         import psycopg
         if isinstance(e, psycopg.Error) and not self.retryable(e):
-            return LedgerError(f"The ledger server {self.address} failed: {one_line(e)}{_server_hint(e)}")
+            hint = next((h for k,h in _SERVER_HINTS.items() if k in str(e).lower()), '')  # the one thing to do
+            return LedgerError(f"The ledger server {self.address} failed: {one_line(e)}{hint}")
 
 # %% ../../nbs/experiments/02_store.ipynb #78405e7a
 class LedgerStore:
@@ -308,8 +306,7 @@ def local_postgres(user:str='fastrepro', # the server's superuser
                    **settings, # server settings, e.g. fsync='off' for tests
                   ):
     "A throwaway PostgreSQL server on 127.0.0.1: yields the URL of its `postgres` database; removed at the end"
-    bindir = postgres_bin()
-    if bindir is None:
+    if (bindir := postgres_bin()) is None:
         raise LedgerError("No PostgreSQL server binaries (initdb, pg_ctl) found: apt-get install postgresql")
     as_root = os.geteuid() == 0
     run_as = ['runuser', '-u', 'postgres', '--'] if as_root else []  # the server refuses to run as root
