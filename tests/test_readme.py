@@ -1,12 +1,14 @@
 """The README and the docs' landing pages say the same thing: the landing page (`nbs/index.ipynb`) the same one-line
 use, the landing and reference pages (`nbs/reference.ipynb`) the same commands, the reference the same table of what
 else fastrepro does; the README's test command is the one `.ci/run` runs; every notebook the table links exists; the
-reference's module map has one row per module notebook, in the reading order of the docs' sidebar (`nbs/sidebar.yml`:
-the guides first, then the package's folders bottom to top), each naming the module its notebook exports. The README
+reference's module map has one row per module notebook of the docs' sidebar (`nbs/sidebar.yml`), up the
+package's floors from the bottom (a folder's notebooks in the sidebar's order), each naming the module its notebook
+exports. The README
 stays short: figures and explanations live in the notebooks."""
 import json, re
 from pathlib import Path
 import yaml
+from test_structure import FLOORS  # the package's floors, bottom to top
 
 ROOT = Path(__file__).resolve().parents[1]
 NBS = ROOT/'nbs'
@@ -83,7 +85,10 @@ def test_module_map_is_every_notebook_in_order():
                        if 'fixtures' not in p.parts)
     ordered = [n.removesuffix('.ipynb') for n in sidebar() if re.match(r'\d', n.split('/')[-1])]  # module notebooks
     assert sorted(ordered) == notebooks, "the sidebar does not list every notebook once"
-    assert [link for _, link, _ in found] == ordered, "the module map is not one row per notebook, in sidebar order"
+    # the map goes up the package's floors (a folder's modules in the sidebar's order); the sidebar, the user's way
+    floor = lambda n: FLOORS.index(n.split('/')[0]) if '/' in n else len(FLOORS)  # the top of the package last
+    assert [link for _, link, _ in found] == sorted(ordered, key=lambda n: (floor(n), ordered.index(n))), \
+        "the module map is not one row per notebook, floor by floor from the bottom"
     for _, name, module in found:
         src = (NBS/f'{name}.ipynb').read_text()
         exp = re.search(r'#\| default_exp ([\w.]+)', src)[1]
