@@ -10,7 +10,7 @@ import json, hashlib
 from fastai.basics import *
 from ..state.core import digest
 from .files import CheckpointFiles, atomic_write
-from .file import read_checkpoint, split_state, Checkpoint
+from .file import split_state, Checkpoint
 
 # %% auto #0
 __all__ = ['POSITION_KEYS', 'state_digest', 'nested_digest', 'checkpoint_digests', 'read_manifest', 'manifest_key',
@@ -47,9 +47,10 @@ def checkpoint_digests(checkpoint, # a checkpoint's path, its `Checkpoint` as re
                       ) -> dict:
     ("Where `checkpoint` was written (`POSITION_KEYS`, model signature, run seed) and the digests of its weights, "
      "optimizer state and generator states (None: none saved; at an epoch's start they derive from the seed)")
-    if isinstance(checkpoint, Checkpoint): model, opt, extra = checkpoint.model, checkpoint.opt, checkpoint.stored
-    else: model, opt, extra = split_state(checkpoint if isinstance(checkpoint, dict) else
-                                          read_checkpoint(checkpoint, mmap=True))
+    if isinstance(checkpoint, dict): model, opt, extra = split_state(checkpoint)  # just saved: today's format
+    else:  # a file of an older format read as today's (`upgrade_state`): its position's keys are today's
+        ck = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(checkpoint, mmap=True)
+        model, opt, extra = ck.model, ck.opt, ck.extra
     repro = extra['callbacks']['repro_cb']
     return dict(**{k: repro['position'][k] for k in POSITION_KEYS}, model=extra['model']['digest'], seed=repro['seed'],
                 weights=state_digest(model), optimizer=nested_digest(opt),
