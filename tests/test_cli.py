@@ -1,10 +1,10 @@
-("End to end tests of the `fastrepro` command line: each runs `python -m fastrepro.cli` as its own process, "
- "on a ledger built here.")
+("End to end tests of the `fastrepro` command line on a ledger built here: through its `main` in this process (the "
+ "exit code and output a fresh process gives), and `env` and the console script as processes of their own.")
 import sys, json, shutil, subprocess
 import git, pytest
 from fastrepro.experiments.ledger import Ledger
 from fastrepro.experiments.store import LEDGER_ENV
-from conftest import fastrepro_cli as fastrepro, assert_user_error, CLI_TIMEOUT_S
+from conftest import fastrepro_cli, fastrepro_here, assert_user_error, CLI_TIMEOUT_S
 
 
 @pytest.fixture(scope='module')
@@ -26,8 +26,8 @@ def ledger(tmp_path_factory):
     return path
 
 
-def test_runs_table(ledger):
-    res = fastrepro('runs', '--ledger', ledger, '--experiment', 'imdb', '--variant', 'mixup')
+def test_runs_table(ledger, capsys):
+    res = fastrepro_here(capsys, 'runs', '--ledger', ledger, '--experiment', 'imdb', '--variant', 'mixup')
     assert res.returncode == 0, res.stderr
     lines = res.stdout.strip().splitlines()
     assert len(lines) == 1 + 6
@@ -36,53 +36,54 @@ def test_runs_table(ledger):
     assert '01234567' in res.stdout and 'failed' in res.stdout
 
 
-def test_runs_json_and_env_var(ledger):
+def test_runs_json_and_env_var(ledger, capsys, monkeypatch):
     "The ledger can come from FASTREPRO_LEDGER; --json gives every field"
-    res = fastrepro('runs', '--status', 'failed', '--json', **{LEDGER_ENV: str(ledger)})
+    monkeypatch.setenv(LEDGER_ENV, str(ledger))
+    res = fastrepro_here(capsys, 'runs', '--status', 'failed', '--json')
     assert res.returncode == 0, res.stderr
     (run,) = json.loads(res.stdout)
     assert (run['experiment'], run['variant'], run['seed'], run['notes']) == ('imdb', 'mixup', 5, 'CUDA out of memory')
     assert run['started'].endswith('+00:00')
 
 
-def test_runs_unknown_experiment(ledger):
-    assert_user_error(fastrepro('runs', '--ledger', ledger, '--experiment', 'mnist'),
+def test_runs_unknown_experiment(ledger, capsys):
+    assert_user_error(fastrepro_here(capsys, 'runs', '--ledger', ledger, '--experiment', 'mnist'),
                       "No experiment 'mnist'", "'cifar': baseline (1 runs)", "'imdb': baseline (5 runs)")
 
 
-def test_missing_ledger(tmp_path):
+def test_missing_ledger(tmp_path, capsys):
     missing = tmp_path/'nowhere.db'
-    assert_user_error(fastrepro('runs', '--ledger', missing), 'No ledger at', LEDGER_ENV)
+    assert_user_error(fastrepro_here(capsys, 'runs', '--ledger', missing), 'No ledger at', LEDGER_ENV)
     assert not missing.exists()
 
 
-def test_compare(ledger):
-    res = fastrepro('compare', '--ledger', ledger, '--experiment', 'imdb', '--baseline', 'baseline',
+def test_compare(ledger, capsys):
+    res = fastrepro_here(capsys, 'compare', '--ledger', ledger, '--experiment', 'imdb', '--baseline', 'baseline',
                     '--variant', 'mixup', '--metric', 'accuracy')
     assert res.returncode == 0 and res.stderr == '', res.stderr
     assert 'imdb/mixup vs imdb/baseline' in res.stdout and 'verdict: progression' in res.stdout
     assert '95% CI' in res.stdout and "Hedges' g" in res.stdout
 
 
-def test_compare_lower_is_better_json(ledger):
+def test_compare_lower_is_better_json(ledger, capsys):
     args = ('compare', '--ledger', ledger, '--experiment', 'imdb', '--baseline', 'baseline', '--variant', 'dropout0',
             '--metric', 'error_rate', '--json')
-    r = json.loads(fastrepro(*args, '--lower-is-better').stdout)
+    r = json.loads(fastrepro_here(capsys, *args, '--lower-is-better').stdout)
     assert r['verdict'] == 'regression' and r['n'] == [5, 5] and r['mean_diff'] > 0
-    assert json.loads(fastrepro(*args).stdout)['verdict'] == 'progression'
+    assert json.loads(fastrepro_here(capsys, *args).stdout)['verdict'] == 'progression'
 
 
-def test_compare_fail_on_regression(ledger):
-    res = fastrepro('compare', '--ledger', ledger, '--experiment', 'imdb', '--baseline', 'baseline',
+def test_compare_fail_on_regression(ledger, capsys):
+    res = fastrepro_here(capsys, 'compare', '--ledger', ledger, '--experiment', 'imdb', '--baseline', 'baseline',
                     '--variant', 'dropout0', '--metric', 'accuracy', '--fail-on-regression')
     assert res.returncode == 1 and 'verdict: regression' in res.stdout
 
 
-def test_compare_errors(ledger):
+def test_compare_errors(ledger, capsys):
     base = ('compare', '--ledger', ledger, '--experiment', 'imdb', '--baseline', 'baseline', '--metric', 'accuracy')
-    assert_user_error(fastrepro(*base, '--variant', 'cutmix'), "No variant 'cutmix' of experiment 'imdb'",
+    assert_user_error(fastrepro_here(capsys, *base, '--variant', 'cutmix'), "No variant 'cutmix' of experiment 'imdb'",
                       'mixup (6 runs)')
-    assert_user_error(fastrepro(*base, '--variant', 'newval'), 'metric_version', 're-run the baseline')
+    assert_user_error(fastrepro_here(capsys, *base, '--variant', 'newval'), 'metric_version', 're-run the baseline')
 
 
 def test_env(tmp_path):
@@ -94,7 +95,7 @@ def test_env(tmp_path):
     repo.index.add(['train.py'])
     head = repo.index.commit('initial').hexsha
     repo.close()
-    res = fastrepro('env', '--json', cwd=tmp_path)
+    res = fastrepro_cli('env', '--json', cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     info = json.loads(res.stdout)
     assert (info['git']['commit'], info['git']['branch'], info['git']['dirty']) == (head, 'main', False)
@@ -104,7 +105,7 @@ def test_env(tmp_path):
 
 def test_env_outside_repo(tmp_path):
     "The text output; outside a repository it says so, with a warning"
-    res = fastrepro('env', cwd=tmp_path)
+    res = fastrepro_cli('env', cwd=tmp_path)
     assert res.returncode == 0
     assert 'env_hash' in res.stdout and 'num_threads' in res.stdout and 'cudnn_benchmark' in res.stdout
     assert 'git: not a git repository' in res.stdout
