@@ -130,8 +130,7 @@ def _reproduced(runs:pd.DataFrame, reproductions:pd.DataFrame) -> pd.Series:
 def sync_spools(spools:list, # spool files (`Spool`), or folders holding one (a run's `models`)
                 address=None, # the ledger (default: `ledger_address()`), created if it does not exist yet
                ) -> Ledger:
-    ("Send the records spooled for the ledger at `address` to it, each exactly once: those in `spools` and in every "
-     "spool noted for it (`SpoolIndex`); returns the ledger")
+    "Send the records spooled for `address` to it, each exactly once: those in `spools` and every spool noted for it"
     ledger = Ledger(address, send_spooled=False)  # sent here, spool by spool, to say what was sent
     given = [Spool(f/SPOOL_NAME if f.is_dir() else f) for f in map(Path, spools)]
     missing = first(sp.path for sp in given if not sp.path.exists())
@@ -258,8 +257,7 @@ def reproduce_command(args):
     ("Rebuild a checkpoint's code, re-run it to the checkpoint's position and compare bit for bit (exit code 0: "
      "reproduced, 1: the runs part, 2: could not run)")
     with _library_imports():  # torch and fastai: only for this command
-        from fastrepro.check.rebuild import ReproduceError
-        from fastrepro.check.reproduce import reproduce, reproduce_segments, segments_verdict
+        from fastrepro.check.reproduce import reproduce, reproduce_segments, segments_verdict, ReproduceError
     kwargs = dict(repo=args.repo, command=args.command, env=_assignments(args.env), strict=args.strict,
                   timeout=args.timeout, trust=args.trust, where=not args.no_where)
     try:
@@ -283,8 +281,7 @@ def trust_command(args):
     ("Trust a checkpoint from now on, as `jupyter trust` does a notebook: `fastrepro reproduce` runs the code it "
      "carries (a patch, notebook cells, a command outside its commit) without --trust")
     with _library_imports():
-        from fastrepro.check.rebuild import ReproduceError
-        from fastrepro.check.reproduce import trust_checkpoint
+        from fastrepro.check.reproduce import trust_checkpoint, ReproduceError
         from fastrepro.record.trust import trusted_file
     try: trust_checkpoint(args.checkpoint)
     except ReproduceError as e: raise CLIError(one_line(e)) from e

@@ -49,10 +49,6 @@ class StepEvent:
 
     @property
     def key(self) -> tuple: return self.module, self.pass_, self.call, self.tensor
-    @property
-    def what(self) -> str:
-        return {'forward': f'forward {self.tensor}', 'backward': f'gradient into its {self.tensor}',
-                'grad': f'gradient of {self.tensor}', 'step': f'update of {self.tensor}'}[self.pass_]
 
 # %% ../../nbs/check/06_localise.ipynb #96444481
 class OpDigests(TorchDispatchMode):
@@ -128,12 +124,10 @@ def _copy(o):
     if isinstance(o, (list, tuple, L)): return type(o)(_copy(v) for v in o)
     return deepcopy(o)
 
-def _kept(v) -> bool: return isinstance(v, (int, float)) or bool(_tensors(v))  # bools are ints
-
 def module_attributes(model:nn.Module) -> dict:
     "The tensors and numbers a model keeps outside its state dict, copied: {(module, attribute): value}"
     return {(name, k): _copy(v) for name, m in model.named_modules() for k, v in vars(m).items()
-            if not k.startswith('_') and _kept(v)}
+            if not k.startswith('_') and (isinstance(v, (int, float)) or _tensors(v))}  # bools are ints
 
 # %% ../../nbs/check/06_localise.ipynb #13b0230e
 class StepState:

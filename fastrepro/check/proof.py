@@ -249,10 +249,9 @@ def _generators_problem() -> str|None:
 
 def run_stage(stage:str, folder:str):
     "One check process: `stage` 'train' or 'resume', its log (and, after 'resume', the checks) in `folder`"
-    folder, log = Path(folder), {}
+    folder, log, res = Path(folder), {}, {}
     (folder/'records').mkdir(exist_ok=True)
-    problem, res = _generators_problem(), {}
-    if problem is not None: res = dict(cannot=problem)
+    if (problem := _generators_problem()) is not None: res = dict(cannot=problem)
     elif stage == 'train': _stage_train(folder, log)
     else:
         _stage_resume(folder, log)

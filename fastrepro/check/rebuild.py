@@ -26,13 +26,11 @@ class ReproduceError(RuntimeError):
     "`reproduce` could not run: not a fastrepro checkpoint, no repository or commit, a patch that does not apply, ..."
 
 # %% ../../nbs/check/01_rebuild.ipynb #a1700015
-# a run whose code no commit records: `reproduce` has nothing to rebuild
 _NO_COMMIT = ("the run was recorded outside any git repository (or before its first commit): no commit records its "
               "code, so it cannot be rebuilt. Run it from a committed git checkout.")
 
 def _record(path) -> dict:
-    ("What a checkpoint records for `reproduce`, read once: its summary, weights, optimizer and fastrepro state "
-     "(upgraded), its trace with the rows of its trace file, and the `Checkpoint` itself")
+    "What a checkpoint holds for `reproduce`, read once: summary, model, optimizer, fastrepro state, trace (upgraded)"
     path = Path(path)
     if not path.is_file(): raise ReproduceError(f"{path}: no such file. Pass a checkpoint a fastrepro run wrote "
                                                 "(`learn.save`, `CheckpointCB`).")
@@ -93,13 +91,11 @@ def _apply(wt:Path, git:dict):
         raise ReproduceError(f"The recorded patch does not match its recorded hash {git['diff_hash'][:12]}: the "
                              "checkpoint was altered or damaged after it was written. Reproduce from an unmodified "
                              "copy of it.")
-    p = _git(wt, 'apply', '--binary', '--whitespace=nowarn', '-', input=data, check=False)
-    if p.returncode:
+    if (p := _git(wt, 'apply', '--binary', '--whitespace=nowarn', '-', input=data, check=False)).returncode:
         raise ReproduceError(f"The recorded patch does not apply to commit {git['commit'][:12]} "
                              f"({one_line(p.stderr.decode(errors='replace'))}): the repository's copy of that commit "
                              "is not the one the run used. Pass repo= (--repo) with the clone the run came from.")
-    rebuilt = git_info(wt)['diff_hash']
-    if rebuilt != git['diff_hash']:
+    if (rebuilt := git_info(wt)['diff_hash']) != git['diff_hash']:
         raise ReproduceError(f"The rebuilt code's uncommitted changes hash to {str(rebuilt)[:12]}, the recorded ones "
                              f"to {git['diff_hash'][:12]}: the rebuilt code is not the code that ran.")
 

@@ -6,7 +6,8 @@ Docs: https://fastrepro.github.io/fastrepro/check/reproduce.html.md"""
 
 # %% ../../nbs/check/04_reproduce.ipynb #a1700004
 from __future__ import annotations
-import sys, json, time, shutil, posixpath, itertools
+import sys, json, time, shutil, posixpath, itertools, multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path, PurePosixPath
 import pandas as pd
 from ..checkpoint.file import CheckpointError, Checkpoint, checkpoint_info
@@ -32,8 +33,7 @@ __all__ = ['MAX_CANDIDATES', 'STOP_NAME', 'RUN_FIELDS', 'PLACEHOLDER_WT', 'ledge
 MAX_CANDIDATES = 1000  # files read when looking for a ledger run's checkpoint: a project's models, not a data lake
 
 def _ledger_run(ck:Checkpoint) -> str|int|None:
-    ("The ledger record of the fit that wrote checkpoint `ck`: its key (its id in a format-3 checkpoint); None when "
-     "it names none")
+    "The ledger record key of the fit that wrote `ck` (its id in a format-3 checkpoint); None when it names none"
     return None if ck.extra is None else ck.extra['callbacks'].get('repro_cb', {}).get('ledger_run')
 
 def ledger_checkpoint(record:pd.Series, # a row of `Ledger.runs`
@@ -59,16 +59,18 @@ def _ledger_record(ledger:Ledger, run:str|int) -> pd.Series:
     runs = ledger.runs(id=int(run)) if isinstance(run, int) or str(run).isdigit() else ledger.runs(run_key=run)
     if not len(runs): raise ReproduceError(f"There is no run {run} in ledger {ledger.db.address}: `fastrepro runs` "
                                            "lists its runs.")
-    _check_row(runs.iloc[0])  # its folder is searched for the run's checkpoints
-    return runs.iloc[0]
+    record = runs.iloc[0]  # refused where its entry point has a field fastrepro does not write: its folder is searched
+    if why := entry_problem(record.entry if isinstance(record.entry, dict) else None):
+        raise ReproduceError(f"Ledger run {record.name}: {why}. The row was changed after the run wrote it: "
+                             "reproduce the run's checkpoint itself.")
+    return record
 
 def record_reproduction(ledger:Ledger, # the ledger of the reproduced run
                         run:pd.Series, # its record
                         res:Reproduction, # what `reproduce` found
                         facts:dict, # the re-run's environment, code and data fingerprint (`StopAtCB`)
                        ) -> int:
-    ("Add the verdict to `ledger` as a record linked to `run` (status 'reproduction', `tags['reproduces']`): where, "
-     "when, which environment; its id")
+    "Add the verdict to `ledger` as a record linked to `run` (status 'reproduction', `tags['reproduces']`); its id"
     env, git, took = facts['env'], facts['git'], sum(res.timings.values())
     return ledger.add(dict(experiment=run.experiment, variant=None if pd.isna(run.variant) else run.variant,
         seed=None if pd.isna(run.seed) else int(run.seed), commit=git['commit'], dirty=git['diff_hash'] is not None,
@@ -107,7 +109,8 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
     ("Rebuild the code of `checkpoint` in a temporary git worktree, compare the environment, re-run the recorded entry "
      "point to the checkpoint's position and compare the two runs bit for bit")
     t0, out = time.perf_counter(), Path(out).absolute()
-    book = None if ledger is None and run is None else _open_ledger(ledger)
+    try: book = None if ledger is None and run is None else Ledger(ledger, create=False)
+    except LedgerError as e: raise ReproduceError(one_line(e)) from e
     if checkpoint is None:
         if run is None: raise ReproduceError("Nothing to reproduce: pass a checkpoint, or a ledger run (--run ID).")
         checkpoint = ledger_checkpoint(_ledger_record(book, run))
@@ -178,10 +181,6 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
     _say(show, f"{text} (report in {out})")
     return res
 
-def _open_ledger(address) -> Ledger:
-    try: return Ledger(address, create=False)
-    except LedgerError as e: raise ReproduceError(one_line(e)) from e
-
 def _keep_checkpoints(wt:Path, dest:Path):
     "Copy the checkpoints the re-run wrote in the worktree (its `models/` folders) to `dest`"
     tracked = set(_git(wt, 'ls-files', '-z').stdout.decode().split('\0'))
@@ -203,10 +202,6 @@ def patch_stat(patch:str|None) -> list:
         elif line.startswith('@@'): hunk = True
         elif res and hunk and line[:1] in '+-': res[-1][1 if line[0] == '+' else 2] += 1
     return [tuple(r) for r in res]
-
-def _patch_text(patch:str) -> str:
-    stat = patch_stat(patch)
-    return f"a patch of {len(stat)} file(s) ({', '.join(f'{f} +{a} -{r}' for f, a, r in stat)})"
 
 def _inside(rel:str) -> bool:
     "Is the recorded path `rel` inside the rebuilt code: relative, and not climbing out of it?"
@@ -232,7 +227,9 @@ def carried_code(git:dict, # the checkpoint's git record, with its patch
                  command:str|None=None, # the user's own command line, replacing the entry point's
                 ) -> list:
     "What the record would run that is not its commit's: its patch, a notebook's cells, a command outside the commit"
-    res = [_patch_text(git['patch'])] if git.get('patch') else []
+    stat = patch_stat(git.get('patch'))
+    changed = ', '.join(f'{f} +{a} -{r}' for f, a, r in stat)
+    res = [f"a patch of {len(stat)} file(s) ({changed})"] if git.get('patch') else []
     if command is not None or entry is None: return res  # the user's own command line runs, not the record's
     if entry['kind'] in ('notebook', 'ipython'): res.append(f"{len(entry['cells'] or [])} recorded notebook cells")
     elif entry['kind'] in ('script', 'module') and not _from_commit(entry, files):
@@ -258,8 +255,7 @@ def _consent(rec:dict, carried:list, trust:bool):
                           f"{f}` (reproduce(..., trust=True)), or trust it for later with `fastrepro trust {f}`.")
 
 def _check_record(rec:dict, command:str|None=None):
-    ("Refuse a record with a field fastrepro cannot have written as it is (`record_problem`), naming the field; with "
-     "the user's own `command`, the recorded interpreter options are not used")
+    "Refuse a record fastrepro cannot have written (`record_problem`); with `command`, the recorded options are unused"
     entry = rec['info']['entry']
     if command is not None and entry is not None: entry = {**entry, 'python_options': []}
     why = record_problem(rec['info']['git'], entry)
@@ -278,12 +274,6 @@ def trust_checkpoint(checkpoint, # a checkpoint someone else's fastrepro run wro
 # %% ../../nbs/check/04_reproduce.ipynb #8d3a12a2
 RUN_FIELDS = ('kind', 'command', 'python_options', 'cwd', 'env', 'launcher')  # what of an entry point runs
 
-def _check_row(record:pd.Series):
-    "Refuse a ledger row whose entry point has a field fastrepro does not write: its folder is searched for checkpoints"
-    why = entry_problem(record.entry if isinstance(record.entry, dict) else None)
-    if why: raise ReproduceError(f"Ledger run {record.name}: {why}. The row was changed after the run wrote it: "
-                                 "reproduce the run's checkpoint itself.")
-
 def _same_run(record:pd.Series, rec:dict):
     "Refuse a ledger row (anyone's to edit) whose commit or entry point is not what its checkpoint (checked) records"
     row, entry = record.entry if isinstance(record.entry, dict) else None, rec['info']['entry']
@@ -299,8 +289,7 @@ def _same_run(record:pd.Series, rec:dict):
 PLACEHOLDER_WT = Path('<worktree>')  # where a plan shows the rebuilt code: a temporary folder made when it runs
 
 def _plan(rec:dict, carried:list, out:Path, command:str|None, env:dict|None, show:bool) -> dict:
-    ("What `reproduce` would do with `rec`, running nothing: the commit, patch, command, interpreter and options, the "
-     "variables it sets, the environment's expected differences, what the file carries and whether it is trusted")
+    "What `reproduce` would do with `rec`, running nothing: code, command, interpreter, variables, environment, trust"
     info, entry = rec['info'], rec['info']['entry']
     if command is None and (entry or {}).get('kind') in ('notebook', 'ipython'):  # `rerun_command` writes the cells
         argv = [f"a fresh Jupyter kernel replaying the {len(entry['cells'] or [])} recorded cells"]
@@ -350,9 +339,8 @@ def _run_key(info:dict) -> tuple: return info['git']['commit'], info['git']['dif
 
 def segment_plan(checkpoint, # the newest checkpoint `CheckpointCB` wrote (`{fname}.pth`)
                 ) -> list:
-    ("`(start, end, entry)` of each segment of the run: from its start and from each checkpoint kept beside "
-     "`checkpoint` (`{fname}.N.pth`, autoresume's `{fname}-fitN.pth`) to the next one its manifest recorded; `end` "
-     "is that checkpoint's file where it is kept (`entry` None), else `checkpoint` with `entry` its manifest line")
+    ("`(start, end, entry)` of each segment: from the start and each checkpoint kept (`{fname}.N.pth`, autoresume's "
+     "`{fname}-fitN.pth`) to the next recorded one: its kept file, else `checkpoint` with `entry` its manifest line")
     p, files = Path(checkpoint), CheckpointFiles(checkpoint)
     infos = {f: checkpoint_info(f) for f in [*files.older()[::-1], p, *files.fit_ends()]}
     kept = {(i['fit'], i['epoch'], i['batch']): f for f, i in infos.items()
@@ -373,15 +361,12 @@ def reproduce_segments(checkpoint, # the newest checkpoint `CheckpointCB` wrote 
                        executor=None, # or any `concurrent.futures.Executor` (a Dask `client.get_executor()`)
                        **kwargs, # passed on to `reproduce` (repo, env, strict, timeout, ...)
                       ) -> list:
-    ("Verify a run in segments (`segment_plan`): from its start and from each kept checkpoint to the next recorded "
-     "one (a deleted one by its manifest digests), each resumed and compared on its own, side by side on `workers` "
-     "processes or `executor`")
+    ("Verify a run in segments (`segment_plan`), each resumed and compared on its own (a deleted checkpoint by its "
+     "manifest digests), side by side on `workers` processes or `executor`")
     out = Path(out).absolute()
     jobs = [(start, end, out/f'segment-{i}', {**kwargs, 'until': entry})
             for i, (start, end, entry) in enumerate(segment_plan(checkpoint))]
     if executor is None and workers:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context('spawn')) as pool:
             return list(pool.map(_segment, jobs))
     return list(map(_segment, jobs) if executor is None else executor.map(_segment, jobs))

@@ -74,8 +74,7 @@ class StopAtCB(_AtTarget):
 
     def plan_fit(self, n_epoch:int, start_epoch:int, **fit_call) -> int|None:
         "A segment's re-run: skip this learner's fits before the start checkpoint's, resume that one from it"
-        s = self.target.get('start')
-        if s is None or not self._is_target(s): return start_epoch
+        if (s := self.target.get('start')) is None or not self._is_target(s): return start_epoch
         self.fits += 1
         if self.fits - 1 != s['fit']: return None if self.fits - 1 < s['fit'] else start_epoch
         self.learn.load(s['path'])
@@ -183,9 +182,8 @@ def rerun_command(entry:dict|None, # the recorded entry point
 KILL_GRACE_S = 10  # a re-run that must end (reproduce was interrupted) gets this long after SIGTERM before SIGKILL
 LOG_TAIL_LINES = 5  # the re-run's last lines quoted when it fails
 REPLAY_NOTEBOOK = 'replay.ipynb'  # the executed cells of a notebook run, written beside the worktree
-# the executed cells in a fresh Jupyter kernel (nbclient), in the recorded working directory, after a first cell that
-# installs the stop (`stop_at`); a process that imports no torch: the kernel does. A cell that raises (`StopAtCB`'s
-# `SystemExit` too) ends it with its traceback
+# the executed cells in a fresh Jupyter kernel (nbclient), in the recorded working directory, after a cell that
+# installs the stop (`stop_at`); the kernel imports torch, not this process. A raise (`StopAtCB`'s too) ends it, traced
 REPLAY = ("import sys, nbformat, nbclient; nb = nbformat.read(sys.argv[2], as_version=4); nb.cells.insert(0, "
           "nbformat.v4.new_code_cell(f'from fastrepro.check.rerun import stop_at; stop_at({sys.argv[1]!r})')); "
           "nbclient.NotebookClient(nb, kernel_name='python3', resources={'metadata': {'path': sys.argv[3]}}).execute()")
@@ -274,9 +272,8 @@ class SideRuns:
 
 def _side_name(kernels:dict, settings:dict, other:dict) -> str:
     "How the verdict names a side: the variables of its kernels, and what else it sets"
-    named, rest = ', '.join(f"{k}={v if v is not None else '(unset)'}" for k, v in kernels.items()), str(env_side(
-        settings, other))
-    return named if rest == 'as it is' else f"{named}, {rest}"
+    named = ', '.join(f"{k}={v if v is not None else '(unset)'}" for k, v in kernels.items())
+    return named if (rest := str(env_side(settings, other))) == 'as it is' else f"{named}, {rest}"
 
 def where_in_step(root:Path, git:dict, info:dict, # the repository, the checkpoint's git record and summary
                   pos:dict, parts:dict, # the checkpoint's position; where the runs part (`verdict`)

@@ -61,8 +61,7 @@ def first_difference(a, b, where:str='') -> str|None:
     if isinstance(a, dict) and isinstance(b, dict):
         for k in list(a) + [k for k in b if k not in a]:
             if k not in a or k not in b: return f'{where}[{k!r}]'
-            d = first_difference(a[k], b[k], f'{where}[{k!r}]')
-            if d is not None: return d
+            if (d := first_difference(a[k], b[k], f'{where}[{k!r}]')) is not None: return d
         return None
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         if len(a) != len(b): return f'{where} (length {len(a)} vs {len(b)})'
@@ -70,8 +69,7 @@ def first_difference(a, b, where:str='') -> str|None:
     same = a == b or (isinstance(a, float) and isinstance(b, float) and np.isnan(a) and np.isnan(b))
     return None if same else where
 
-# the callbacks' states that are not the computation: where and when it ran, its ledger record, its tracker runs,
-# whose run it is
+# the callbacks' states that are not the computation: where and when it ran, its ledger record, tracker runs, owner
 _NOT_COMPUTED = {'repro_cb': ('provenance', 'ledger_run', 'trackers', 'trace'), 'checkpoint_cb': ('identity',)}
 
 def _computed(name:str, state):
@@ -134,8 +132,7 @@ def verdict(quantities:dict, position:dict, env_after:list, data:str,
            ) -> tuple:
     "(verdict, parts, exit code) of compared quantities"
     if data.startswith('differs'): return f"the data differs ({data[len('differs: '):]})", None, EXIT_PARTS
-    differ = [(q, w) for q, w in quantities.items() if w is not None]
-    if not differ:
+    if not (differ := [(q, w) for q, w in quantities.items() if w is not None]):
         if unseen is None: return "reproduced bit for bit", None, EXIT_REPRODUCED
         return f"reproduced: weights, optimizer and generators bit-identical; {unseen}", None, EXIT_REPRODUCED
     q, w = differ[0]
@@ -156,8 +153,7 @@ def verdict(quantities:dict, position:dict, env_after:list, data:str,
     return f"parts {where}; {because}", parts, EXIT_PARTS
 
 def _data(a:dict, b:dict, fingerprint:str|None=None) -> str:
-    ("The data verdict of two checkpoints: the ledger's `fingerprint` of the recorded run's data against the "
-     "re-run's (`b['facts']`), else their data signatures (the vocabulary, for text)")
+    "The data verdict: the ledger's `fingerprint` against the re-run's (`b['facts']`), else the vocabulary signatures"
     if fingerprint is not None:
         a, b = fingerprint, b['facts']['data_fingerprint']
         return 'same' if a == b else f"differs: data fingerprint {a} recorded, {b} in the re-run"

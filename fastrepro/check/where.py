@@ -193,8 +193,7 @@ def where_runs_part(make_learner, # `make_learner()` builds the runs' learner (w
                     fit, # `fit(learn, start_epoch)`: the runs' fit call, or one per run (their hyper-parameters)
                    ) -> StepDivergence|None:
     "Where two runs of this machine first part inside a step; None when their traces never part"
-    d = first_divergence(a, b, detail=True)
-    if d is None: return None
+    if (d := first_divergence(a, b, detail=True)) is None: return None
     if d.iter == BEFORE_TRAINING or d.gap is not None or d.missing:
         raise ValueError(f"The runs part at {d}: no step of theirs to compare.")
     fa, fb, start = _shared_start(a, b, (d.fit, d.iter))

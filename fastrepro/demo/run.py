@@ -33,13 +33,11 @@ __all__ = ['STRAY_ITER', 'FP16_INIT_SCALE', 'FP16_GROWTH_INTERVAL', 'FP16_CPU_EP
 STRAY_ITER = 5           # check 4 draws one stray random number just before this training iteration
 FP16_INIT_SCALE = 2.**20 # check 3's first loss scale: high, so that the scaler must back off (PyTorch's default: 2**16)
 FP16_GROWTH_INTERVAL = 5 # clean steps before the scale doubles (PyTorch's default: 2000), so a short run shows growth
-# on a CPU float16 is emulated, several times slower than float32: check 3 trains this many epochs there
-FP16_CPU_EPOCHS = 1
+FP16_CPU_EPOCHS = 1      # check 3's epochs on a CPU, where float16 is emulated, several times slower than float32
 VARIANT_DROP_MULT = 1.0  # change A of check 5: the classifier's dropout multiplier (the profiles use 0.5)
 VARIANT_WD = 0.1         # change B of check 5: weight decay (fastai's default for Adam: 0.01)
 METRIC = 'valid_loss'  # the metric check 5 compares (lower is better): accuracy on a few dozen texts moves in big steps
-# check 2's two-learner script, killed between its stages, runs on a sample of the texts (each run a few seconds)
-SCRIPT_TEXTS, SCRIPT_CHARS = 40, 300
+SCRIPT_TEXTS, SCRIPT_CHARS = 40, 300  # check 2's two-learner script runs on a sample (a few seconds a run)
 NEVER_ITER = 10**9  # check 7's re-run: the preempt job's SIGTERM at an iteration it never reaches (its callbacks kept)
 EXIT_FAILED = 1          # exit code of `fastrepro demo` when a check fails
 
@@ -299,7 +297,6 @@ def check_reproduce(demo:Demo):
                                       report='reproduce/report.md')
 
 # %% ../../nbs/demo/04_run.ipynb #a8d9ce3b
-# in order
 DEMO_CHECKS = (check_same_seed, check_resume, check_fp16, check_nondeterminism, check_variants, check_fast_loop,
                check_reproduce)
 

@@ -52,8 +52,7 @@ TEXT_COL, LABEL_COL, VALID_COL = 'text', 'label', 'is_valid'  # the columns a CS
 SPLIT_SEED = 42          # seeds the validation split of a CSV without `is_valid` (unless given another seed)
 VALID_PCT = 0.2          # validation share of a CSV without an `is_valid` column (a split seeded with the run seed)
 NETWORK_TIMEOUT_S = 3    # how long to wait for the pretrained weights' server before training from scratch
-# ULMFiT's discriminative learning rates: the first layer group trains 2.6**4 times slower than the last
-DISCRIMINATIVE = 2.6**4
+DISCRIMINATIVE = 2.6**4  # ULMFiT's discriminative rates: the first layer group trains 2.6**4 times slower than the last
 ENCODER = 'enc'          # file name (in `models/`) of the language model's saved encoder
 NUM_WORKERS = 0          # DataLoader worker processes; with ReproCB the batches are the same whatever the number
 
@@ -251,8 +250,7 @@ def lm_stages(profile:str|Profile, # the profile
 def clas_stages(profile:str|Profile, # the profile
                ) -> list:
     "The classifier's fits: fastai's gradual unfreezing for a pretrained profile, else one fit of every layer"
-    p = get_profile(profile)
-    if not p.pretrained: return [Stage(0, p.clas_epochs, p.clas_lr)]
+    if not (p := get_profile(profile)).pretrained: return [Stage(0, p.clas_epochs, p.clas_lr)]
     return [Stage(f, n, p.clas_lr*k if f == -1 else slice(p.clas_lr*k/DISCRIMINATIVE, p.clas_lr*k))
             for f, n, k in CLAS_RECIPE]
 

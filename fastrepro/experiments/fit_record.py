@@ -24,8 +24,7 @@ RECORD_TIMEOUT_S = 5  # how long a fit waits for its ledger server (to connect, 
 
 def fit_metrics(learn) -> dict:
     "Final and best value of each metric the Recorder recorded in the last fit"
-    rec = getattr(learn, 'recorder', None)
-    if rec is None or not rec.values: return {}
+    if (rec := getattr(learn, 'recorder', None)) is None or not rec.values: return {}
     names = [n for n in rec.metric_names[1:] if n != 'time']
     cols = list(zip(*[v for v in rec.values if len(v) == len(names)]))
     best = {n: (min if any(s in n for s in LOSS_NAMES) else max)(c) for n, c in zip(names, cols)}

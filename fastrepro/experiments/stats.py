@@ -33,8 +33,7 @@ def _alternative(alternative:str) -> str:
 
 def _scipy_alternative(alternative:str, higher_is_better:bool) -> str:
     "The scipy `alternative` of `ttest_ind(experiment, baseline)` for 'better'/'worse' in the metric's sense"
-    alt = _alternative(alternative)
-    if alt == 'two-sided': return alt
+    if (alt := _alternative(alternative)) == 'two-sided': return alt
     return 'greater' if (alt == 'better') == higher_is_better else 'less'
 
 def _sample(x, side:str) -> np.ndarray:
@@ -159,10 +158,8 @@ def seed_power(n:int, # seeds per arm
     two_sided = _alternative(alternative) == 'two-sided'
     n = np.asarray(n, dtype=float)
     dof, ncp = 2*n - 2, abs(effect)/sd * np.sqrt(n/2)
-    if two_sided:
-        crit = sst.t.ppf(1 - alpha/2, dof)
-        return sst.nct.sf(crit, dof, ncp) + sst.nct.cdf(-crit, dof, ncp)
-    return sst.nct.sf(sst.t.ppf(1 - alpha, dof), dof, ncp)
+    crit = sst.t.ppf(1 - alpha/(2 if two_sided else 1), dof)
+    return sst.nct.sf(crit, dof, ncp) + (sst.nct.cdf(-crit, dof, ncp) if two_sided else 0)
 
 def seeds_needed(effect:float, # smallest true difference of the means worth detecting, in the metric's units
                  sd:float, # standard deviation of the metric across seeds (e.g. from a few baseline runs)

@@ -220,7 +220,6 @@ def repeat(train_fn, # called as `train_fn(seed)`, returns a dict of final metri
         why = ', '.join(f"{t} for seeds {ss}" for t, ss in groupby(lost, lambda s: type(lost[s]).__name__).items())
         again = ("Their failed records are in the ledger; run the same `repeat` call again to run only the seeds "
                  "without a completed record." if ledger is not None else "Run these seeds again.")
-        first = next(iter(lost.values()))
-        msg = f"Seeds {sorted(lost)} were lost: their worker died ({why}; the first said: {first}). {again}"
-        raise SweepError(one_line(msg), res)
+        raise SweepError(one_line(f"Seeds {sorted(lost)} were lost: their worker died ({why}; the first said: "
+                                  f"{first(lost.values())}). {again}"), res)
     return res
