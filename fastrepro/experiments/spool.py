@@ -72,8 +72,8 @@ class Spool:
             except BaseException: con.execute('ROLLBACK'); raise
             con.execute('COMMIT')
 
-    def sync(self, ledger:Ledger) -> int:
-        "Send the records spooled for `ledger` to it, each exactly once; returns how many were sent"
+    def sync(self, ledger) -> int:
+        "Send the records spooled for `ledger` (a `Ledger`) to it, each exactly once; returns how many were sent"
         sent = 0
         for key, _, _, stamp in self.records(spool_address(ledger.db.address)):
             # under the lock, the run's writer can neither send a newer state nor spool one until this one is sent:
@@ -86,7 +86,7 @@ class Spool:
                 sent += 1
         return sent
 
-    def send(self, ledger:Ledger, run_key:str, record:dict) -> int:
+    def send(self, ledger, run_key:str, record:dict) -> int:
         "Put `record` in `ledger` in place of any state of it spooled here, then what is spooled for `ledger`"
         with self._locked() as con:
             rid = ledger._put(run_key, record)
