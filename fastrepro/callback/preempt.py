@@ -26,11 +26,9 @@ __all__ = ['PREEMPT_SIGNALS', 'SIGNAL_EXIT_BASE', 'SAVE_FAILED_EXIT', 'Checkpoin
 
 # %% ../../nbs/callback/03_preempt.ipynb #160dd579
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # what Kubernetes, spot terminations and SLURM's `--signal` send
-# a process that ends because of signal N exits with 128 + N (the shells' and schedulers' convention)
-SIGNAL_EXIT_BASE = 128
+SIGNAL_EXIT_BASE = 128  # a process ended by signal N exits with 128 + N (the shells' and schedulers' convention)
 # a process whose checkpoint at a preemption signal could not be written: sysexits.h's EX_IOERR, not 128 + N, so
-# that a scheduler or a script can tell "stopped, continue from the checkpoint" from "stopped, the last one lost"
-SAVE_FAILED_EXIT = 74
+SAVE_FAILED_EXIT = 74  # a scheduler tells "stopped, continue from the checkpoint" from "stopped, the last one lost"
 _script_fits = itertools.count()  # numbers the fits this process runs with `autoresume`, in the order it runs them
 
 def _tell(msg:str, **kwargs):
@@ -209,8 +207,7 @@ class Autoresume:
         if (done := cb.files.fit_end(n)).exists(): return self._skip(done, Checkpoint(done, cb.learn))
         if not cb.path.exists(): return start_epoch
         ck = self.newest_intact()  # a damaged newest one: the newest intact one kept (`keep`) takes its place
-        info = ck.info
-        if info.get('fit_number') != n:
+        if (info := ck.info).get('fit_number') != n:
             if (info.get('fit_number') or -1) > n:
                 raise ResumeError(f"{cb.path} was written by fit {info['fit_number']} of an earlier run, "
                                   f"but the end state of fit {n} ({done.name}) is missing, so this fit cannot be "

@@ -88,14 +88,9 @@ class FitProvenance:
         "The running (or last) fit's environment: versions, hardware, threads, switches"
         return None if self.prov is None else self.prov['env']
 
-    @property
-    def entry(self) -> dict|None:
-        "How the running (or last) fit's process was started: command, working directory, variables, notebook cells"
-        return None if self.prov is None else self.prov['entry']
-
     def state(self) -> dict:
         "What a checkpoint stores: environment, code, entry point, device, and this user's signature of what runs"
-        git, entry = self.git, self.entry
+        git, entry = self.git, self.prov and self.prov['entry']  # how the fit's process was started
         return dict(env=self.env or environment_info(), git=pack_git(git), entry=pack_entry(entry),
                     device=self.device, signature=signature_or_none(git, entry))
 

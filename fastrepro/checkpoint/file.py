@@ -122,8 +122,7 @@ BESIDE_BYTES = 32 * 2**20
 def checked_file(file, # a checkpoint
                 ):
     ("`(open file, its zip records)` to read `file` while the CRC-32 pass over its records (`check_crcs`) runs "
-     "(beside the reading, for a large file); leaving raises `DamagedCheckpointError` on damage, over any error the "
-     "reading met")
+     "(beside it, for a large file); leaving raises `DamagedCheckpointError` on damage, over any reading error")
     file = Path(file)
     if file.is_dir(): raise CheckpointError(f"{file} is a folder, not a checkpoint: pass the .pth file a save wrote.")
     with open(file, 'rb') as f, open(file, 'rb') as g, ThreadPoolExecutor(1) as pool:
@@ -316,7 +315,6 @@ def _repro_load(fastai_load, clean_keys=noop):
         distrib_barrier()
         ck = checkpoint or Checkpoint(path, self, device, weights_only=kwargs.get('weights_only', True))
         extra = ck.extra
-        # a plain fastai checkpoint: fastai's own path, then the warning that the resume won't be exact
         if extra is None:
             res = fastai_load(self, file, device=device, with_opt=with_opt, strict=strict, **kwargs)
             if not in_fit(self): warnings.warn(f"{path} is a plain fastai checkpoint: it holds no RNG or callback "

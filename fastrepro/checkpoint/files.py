@@ -96,8 +96,7 @@ class CheckpointFiles:
               rank:int=0, # the process's rank in a distributed run
              ) -> Path:
         ("Where `run`'s records go beside the checkpoint: `{fname}.{run}.trace` (`{fname}.{run}.rank{r}.trace` for "
-         "rank r), so that runs writing checkpoints of the same name in one folder (two learners, a seed loop) never "
-         "share one")
+         "rank r): runs writing checkpoints of one name in one folder (two learners, a seed loop) never share one")
         return self.folder/(f"{self.fname}.{run[:RUN_CHARS]}" + (f'.rank{rank}' if rank else '') + TRACE_SUFFIX)
 
     @staticmethod

@@ -109,8 +109,7 @@ def _repro_from_v6(d:dict, learn:Learner|None) -> tuple:
             'recorder': None if rec is None else {**rec, 'session': d['position']['fit'], 'start': 0}}, []
 
 def _repro_from_v8(d:dict, learn:Learner|None) -> tuple:
-    ("A format-8 `ReproCB` state in format 9: its position's iteration (fastai's `train_iter`) under the key it has "
-     "everywhere else, `iteration`")
+    "A format-8 `ReproCB` state in format 9: its position's `train_iter` under its key everywhere else, `iteration`"
     pos = {k: v for k, v in d['position'].items() if k != 'train_iter'}
     return {**d, 'position': {**pos, 'iteration': d['position']['train_iter']}}, []
 

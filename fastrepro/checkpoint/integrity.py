@@ -133,18 +133,13 @@ def storage_paths(pkl:bytes, # the bytes of a torch checkpoint's `data.pkl` reco
     _walk(_Reader(io.BytesIO(pkl)).load(), ())
     return res
 
-def _split(name:str) -> tuple:
-    "A torch record's name: (the archive's folder, the rest), e.g. ('archive', 'data/12')"
-    top, _, rest = name.partition('/')
-    return top, rest
-
 def record_holds(f, # a zip file open for reading in binary mode
                  records:list, # its `zip_records`
                  name:str, # one of their names
                 ) -> tuple|str|None:
     ("What record `name` of a torch file holds: the path (keys and indices) of the first value that holds it when "
      "it is a tensor's storage, 'pickle' for the pickle of the structure, None for torch's format details")
-    top, rest = _split(name)
+    top, _, rest = name.partition('/')  # the archive's folder, e.g. 'archive', and 'data/12'
     if rest == 'data.pkl': return 'pickle'
     if not rest.startswith('data/'): return None
     if not (pkl := [r for r in records if r.name == f'{top}/data.pkl']): return ()
@@ -157,8 +152,8 @@ def missing_storages(f, # a zip file open for reading in binary mode, that its `
                      records:list, # its `zip_records`
                     ) -> dict:
     "The tensor storages `f`'s pickle refers to that no record holds: record name -> the path of the value"
-    if not (pkl := [r for r in records if _split(r.name)[1] == 'data.pkl']): return {}
-    top, names = _split(pkl[0].name)[0], {r.name for r in records}
+    if not (pkl := [r for r in records if r.name.partition('/')[2] == 'data.pkl']): return {}
+    top, names = pkl[0].name.partition('/')[0], {r.name for r in records}
     f.seek(pkl[0].start)
     paths = storage_paths(f.read(pkl[0].size))
     return {f'{top}/data/{k}': p for k, p in paths.items() if f'{top}/data/{k}' not in names}

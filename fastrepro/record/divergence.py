@@ -66,8 +66,7 @@ def _keyed(trace:pd.DataFrame, which:str) -> pd.DataFrame:
     missing = [c for c in TRACE_COLUMNS if c not in trace.columns]
     if missing: raise ValueError(f"Trace {which} has no column(s) {missing}: it is not a fastrepro run trace "
                                  "(`learn.repro_trace`).")
-    res = trace.set_index(list(TRACE_KEYS)).sort_index()
-    if not res.index.is_unique:
+    if not (res := trace.set_index(list(TRACE_KEYS)).sort_index()).index.is_unique:
         raise ValueError(f"Trace {which} has several rows for the same (fit, iter): are two runs concatenated in it?")
     return res
 
@@ -103,8 +102,7 @@ def _rows_divergence(a:pd.DataFrame, b:pd.DataFrame) -> Divergence|None:
     in_a, in_b = idx.isin(a.index), idx.isin(b.index)
     va, vb = (t.reindex(idx)[cols].to_numpy(np.float64) for t in (a, b))
     differs = ~((va == vb) | (np.isnan(va) & np.isnan(vb)))  # exact, NaN equal to NaN
-    parted = differs.any(axis=1) | ~in_a | ~in_b
-    if not parted.any(): return None
+    if not (parted := differs.any(axis=1) | ~in_a | ~in_b).any(): return None
     i = int(parted.argmax())
     fit, it = (int(o) for o in idx[i])
     epoch = int((a if in_a[i] else b).loc[(fit, it), 'epoch'])

@@ -33,8 +33,7 @@ def _command(argv:list, root:str|None) -> tuple:
     i = 1
     while i < len(argv) and argv[i].startswith('-') and argv[i] not in _COMMAND_KINDS:  # up to -m, -c or -
         i += 1 + (argv[i] in _PYTHON_OPTS_WITH_VALUE)
-    cmd = argv[i:]
-    if cmd and cmd[0] not in _COMMAND_KINDS: cmd = [_relative(cmd[0], root), *cmd[1:]]
+    if (cmd := argv[i:]) and cmd[0] not in _COMMAND_KINDS: cmd = [_relative(cmd[0], root), *cmd[1:]]
     return argv[1:i], cmd
 
 def _launcher() -> dict|None:

@@ -185,8 +185,7 @@ def _code_changes(repo:git.Repo, st:dict, outputs) -> tuple:
     for p in changed:
         if not _is_code(root, p, imported, outs): continue
         if p.endswith('.ipynb') and os.path.exists(os.path.join(root, p)):
-            nb = _notebook_change(repo, p, st['heads'].get(p))
-            if nb is None or len(nb) > MAX_CODE_BYTES: continue
+            if (nb := _notebook_change(repo, p, st['heads'].get(p))) is None or len(nb) > MAX_CODE_BYTES: continue
             notebooks[p] = nb
         code.add(p)
     changes = {k: [p for p in st[k] if p in code] for k in ('modified', 'staged', 'untracked')}
@@ -268,8 +267,7 @@ def ignore_line(path:str) -> str:
 
 def _output_hint(info:dict) -> str:
     "What to do where an untracked file that counts may be an output of a run"
-    maybe = [p for p in info['untracked'] if p not in info['imported']][:MAX_FILES_SHOWN]
-    if not maybe: return ''
+    if not (maybe := [p for p in info['untracked'] if p not in info['imported']][:MAX_FILES_SHOWN]): return ''
     lines = ', '.join(dict.fromkeys(f"`{ignore_line(p)}`" for p in maybe))
     return (f" Untracked files count when they are code a run can execute (a module it imports, a source or "
             f"configuration file); if {', '.join(maybe)} {'is an output' if len(maybe) == 1 else 'are outputs'} of "

@@ -377,14 +377,12 @@ def _checkpoint_trace(d:dict, path:Path) -> dict:
 def load_trace(path, # a file from `save_trace`, or a fastrepro checkpoint (`learn.save`'s .pth)
               ) -> pd.DataFrame:
     "Read a run trace from a trace file or from a fastrepro checkpoint (with the trace file beside it)"
-    path = Path(path)
-    if not path.is_file(): raise FileNotFoundError(f"No such file: {path}")
+    if not (path := Path(path)).is_file(): raise FileNotFoundError(f"No such file: {path}")
     if not zipfile.is_zipfile(path):
         with open(path, 'rb') as f: beside = f.read(len(MAGIC)) == MAGIC
         raise ValueError(f"{path} is the trace file beside a run's checkpoints: pass one of the checkpoints, which "
                          "says how much of it is theirs." if beside else
                          f"{path} is neither a fastrepro trace file nor a checkpoint.")
-    # weights_only, with fastai's own few allowed types (its optimizer state holds an `L`)
     try: d = read_checkpoint(path)
     except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
         raise ValueError(f"{path} holds objects that `torch.load(weights_only=True)` refuses: it is not a fastrepro "

@@ -21,8 +21,7 @@ __all__ = ['PREFIX', 'FILE_CHUNK', 'TRACKER_TIMEOUT_S', 'TRACKERS', 'attached_cb
 PREFIX = 'fastrepro'    # what fastrepro writes into a tracker's run is named under it: tags, keys, files
 FILE_CHUNK = 1 << 20    # bytes read at a time for a checkpoint's digest
 # a verdict logged after the fit (`note_runs`) waits this long for a tracker's server: one that does not answer is
-# reported in a line, not waited for (W&B's `init_timeout` is 90 s, MLflow retries a request for minutes)
-TRACKER_TIMEOUT_S = 20
+TRACKER_TIMEOUT_S = 20  # reported in a line, not waited for (W&B's `init_timeout` is 90 s, MLflow retries for minutes)
 
 def attached_cb(learn:Learner, module:str, name:str) -> Callback|None:
     "The callback of class `module.name` attached to `learn`, if this process imported the module (never imports it)"
@@ -107,8 +106,7 @@ class CSVHistory(_Tracker):
         f, kept, self.kept = self.cb.file, self.kept.decode(), None
         f.seek(0); f.truncate(); f.write(kept); f.flush()
     def state(self) -> dict|None:
-        f = getattr(self.cb, 'file', None)
-        if f is None or f.closed: return self._last
+        if (f := getattr(self.cb, 'file', None)) is None or f.closed: return self._last
         f.flush()  # what the checkpoint counts as written is on disk
         self._last = dict(file=self.run, size=f.tell())
         return self._last
@@ -175,8 +173,7 @@ class TensorBoardRun(_Tracker):
     def note_run(saved:dict, key:str, text:str, step:int|None, files=()) -> str:
         "The text `fastrepro/{key}` at `step` (None: the saved one) in a new event file of the saved log folder"
         from torch.utils.tensorboard import SummaryWriter
-        d = Path(saved['log_dir'])
-        if not d.is_dir(): raise FileNotFoundError(f"its log folder {d} is gone")
+        if not (d := Path(saved['log_dir'])).is_dir(): raise FileNotFoundError(f"its log folder {d} is gone")
         with SummaryWriter(log_dir=str(d)) as w:
             w.add_text(f'{PREFIX}/{key}', text, saved['step'] if step is None else step)
         return str(d)
@@ -253,8 +250,7 @@ class MlflowRun(_Tracker):
 
     @classmethod
     def find(cls, learn:Learner, saved:dict|None):
-        mlflow = sys.modules.get('mlflow')
-        if mlflow is None or (saved is None and mlflow.active_run() is None): return None
+        if (mlflow := sys.modules.get('mlflow')) is None or (saved is None and mlflow.active_run() is None): return None
         return cls(saved)
 
     def _continue(self, active):
@@ -384,15 +380,13 @@ class FitTrackers(Callback):
         return {t.kind: t.run for t in self.trackers}
 
     def _checkpoint_key(self):
-        cb = getattr(self.learn, 'checkpoint_cb', None)
-        if cb is None or not cb.path.exists(): return None
+        if (cb := getattr(self.learn, 'checkpoint_cb', None)) is None or not cb.path.exists(): return None
         st = cb.path.stat()
         return cb.path, st.st_mtime_ns, st.st_size
 
     def _note_checkpoint(self):
         "A checkpoint `CheckpointCB` wrote since the last look: its digest, at the iteration it was written"
-        key = self._checkpoint_key()
-        if key is None or key == self._seen: return
+        if (key := self._checkpoint_key()) is None or key == self._seen: return
         self._seen = key
         it = self.train_iter if self._saved_iter is None else self._saved_iter
         for t in self.trackers: t.note('checkpoint', f"{key[0].name} sha256 {file_digest(key[0])} (iteration {it})", it)
@@ -407,8 +401,7 @@ def note_runs(saved:dict|None, # the trackers' state of a checkpoint (`checkpoin
     "Log `text` in the tracker runs of a saved trackers state; a line per run: where it was logged, or why not"
     lines = []
     for cls in TRACKERS:
-        st = (saved or {}).get(cls.kind)
-        if st is None: continue
+        if (st := (saved or {}).get(cls.kind)) is None: continue
         try: where = cls.note_run(st, key, text, step, files)
         except Exception as e:  # never fail the caller (a reproduce, a comparison) because of a tracker
             why = (f"the tracker cannot be imported here ({_first_line(e)})" if isinstance(e, ImportError)

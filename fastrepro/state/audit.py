@@ -71,7 +71,6 @@ def _stacked_key(key:str) -> str:
     return key if m is None else f"layers.{m[3]}.{m[1]}_{m[2]}_l0{m[4] or ''}"
 
 # %% ../../nbs/state/08_audit.ipynb #5818c217
-# shared by all layers
 _RNN_OPTIONS = ('mode', 'input_size', 'hidden_size', 'bias', 'batch_first', 'bidirectional', 'proj_size')
 
 class StackedRNN(Module):
@@ -81,7 +80,7 @@ class StackedRNN(Module):
                 ):
         self.layers, self.drop, self.dropout, self.num_layers = (nn.ModuleList(layers), nn.Dropout(dropout), dropout,
                                                                  len(layers))
-        for a in _RNN_OPTIONS: setattr(self, a, getattr(layers[0], a))
+        for a in _RNN_OPTIONS: setattr(self, a, getattr(layers[0], a))  # shared by all layers
 
     @property
     def num_directions(self): return 2 if self.bidirectional else 1
@@ -177,11 +176,10 @@ def _recorded_findings(sw:dict, recorded:dict|None, num_threads:int|None, record
         if changed: res.append(f"The deterministic switches differ from the recorded run's ({', '.join(changed)}): a "
                                "resumed run continues the recorded one bit for bit only under the same switches; "
                                "`fastrepro.state.kernels.set_switches(recorded)` puts them back.")
-    if recorded_threads is not None:
-        if (n := ifnone(num_threads, torch.get_num_threads())) != recorded_threads:
-            res.append(f"torch uses {n} CPU threads but the run was recorded with {recorded_threads}: CPU kernels "
-                       "split sums and matrix products by thread, so results can round differently. "
-                       f"`torch.set_num_threads({recorded_threads})` restores the recorded count.")
+    if recorded_threads is not None and (n := ifnone(num_threads, torch.get_num_threads())) != recorded_threads:
+        res.append(f"torch uses {n} CPU threads but the run was recorded with {recorded_threads}: CPU kernels "
+                   "split sums and matrix products by thread, so results can round differently. "
+                   f"`torch.set_num_threads({recorded_threads})` restores the recorded count.")
     return res
 
 def audit_switches(switches:dict|None=None, # from `deterministic_switches()`; None reads the switches in force now

@@ -58,8 +58,7 @@ _fastai_fit = getattr(Learner, '_orig_fit', Learner.fit)
 @patch
 @delegates(_fastai_fit)
 def fit(self:Learner, n_epoch, lr=None, wd=None, cbs=None, reset_opt=False, start_epoch=0):
-    ("fastai's `Learner.fit`; attached callbacks may plan it (`plan_fit`) and are told when it raises "
-     "(`after_fit_exception`)")
+    "fastai's `Learner.fit`; callbacks may plan it (`plan_fit`) and are told when it raises (`after_fit_exception`)"
     extra = L(cbs)
     if not any(isinstance(cb, LRFinder) for cb in L(self.cbs) + extra):
         for plan in filter(None, [own_event(cb, 'plan_fit') for cb in self.cbs]):

@@ -119,8 +119,7 @@ def _set_cpu_states(states:tuple):
 
 def _cuda_gen(dl):
     "The generator of the CUDA device `dl` puts its batches on, if any: batch transforms there draw from it"
-    dev = dl.device
-    if dev is None or dev.type != 'cuda': return None
+    if (dev := dl.device) is None or dev.type != 'cuda': return None
     torch.cuda.init()  # the generators exist once CUDA is initialised
     return torch.cuda.default_generators[torch.cuda.current_device() if dev.index is None else dev.index]
 
@@ -158,8 +157,7 @@ def _reset_order(dl):
 @patch
 def randomize(self:DataLoader):
     "fastai's `randomize`; with streams, `self.rng` comes from the pass's shuffle stream"
-    st = data_streams(self)
-    if st is None: return _fastai['randomize'](self)
+    if (st := data_streams(self)) is None: return _fastai['randomize'](self)
     self.rng = random.Random(st.seed_for(SHUFFLE_STREAM))
 
 def _skip(idxs, n:int):
@@ -169,8 +167,7 @@ def _skip(idxs, n:int):
 
 def _serve(dl, idxs):
     "The order a pass of `dl` serves, given the whole order its `get_idxs` drew: kept, and cut where the pass starts"
-    st = data_streams(dl)
-    if st is None: return idxs
+    if (st := data_streams(dl)) is None: return idxs
     # the order is drawn: the first step's own draws come from its batch's stream
     if st.step is not None: _seed_cpu(st.step_seed(BATCH_STREAM, st.step), _cuda_gen(dl))
     base = _base(dl)
@@ -239,8 +236,7 @@ def _stream_iter(dl, st:DataStreams):
     cuda_gen,batches,done = _cuda_gen(dl),_fastai['__iter__'](dl),object()
     outer, mine = st.served, None  # a pass this one interrupts (a `one_batch` inside an epoch), and this one
     for i in itertools.count():
-        # the first step draws the order (`randomize`, `before_iter`, `get_idxs`) under the shuffle stream; `_serve`
-        # then seeds the step's own stream
+        # step 0 draws the order (`randomize`, `before_iter`, `get_idxs`) under the shuffle stream; `_serve` its own
         st.step = st.start + i if st.steps_draw else None  # the batch's index in the whole pass
         try:
             if i == 0: ctx = _seeded(st.seed_for(SHUFFLE_STREAM), cuda_gen)
@@ -335,8 +331,7 @@ def set_epoch(dls, # a `DataLoaders`, one `DataLoader`, or a list of them
 # %% ../../nbs/state/05_data.ipynb #fa3fe672
 def data_signature(dls) -> dict:
     "What identifies the data a model was trained on: the vocabulary (for text) and its digest"
-    vocab = getattr(dls, 'vocab', None)
-    if vocab is None: return {}
+    if (vocab := getattr(dls, 'vocab', None)) is None: return {}
     parts = list(vocab) if len(vocab) and is_listy(vocab[0]) else [vocab]
     # a classifier's `dls.vocab` is a new list at each access, of the same (text, labels) vocabularies
     key = tuple((id(v), len(v)) for v in parts)

@@ -63,6 +63,5 @@ if DistributedDL is not None:
     @patch
     def create_batches(self:DistributedDL, samps):
         "fastai's, the batches made by the wrapped loader, which also learns which worker makes them"
-        # fastai sets `offs` on this loader in each worker
-        if data_streams(self.dl) is not None: self.dl.offs = self.offs
+        if data_streams(self.dl) is not None: self.dl.offs = self.offs  # fastai sets it here, in each worker
         return _fastai_ddl['create_batches'](self, samps)

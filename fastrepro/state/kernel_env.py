@@ -41,8 +41,7 @@ def parse_launch(argv:list, # the launcher's arguments: `[--threads N] [--env] (
         if i + 1 == len(argv) or not argv[i+1].isdigit() or int(argv[i+1]) < 1:
             raise LauncherError("--threads needs a whole number of threads, at least 1, e.g. --threads 1")
         threads, i = int(argv[i+1]), i + 2
-    target = argv[i:]
-    if not target and not print_env:
+    if not (target := argv[i:]) and not print_env:
         raise LauncherError("nothing to run: give a script (script.py args), -m module or -c code, or --env to print "
                             "the environment")
     if target and target[0] in ('-m', '-c') and len(target) == 1: raise LauncherError(f"{target[0]} needs an argument")

@@ -68,8 +68,7 @@ def set_mkl_reproducible():
 def set_mkl_cbwr(mode:str) -> bool:
     "Switch MKL's CNR to `mode` ('AUTO', 'COMPATIBLE'); False (and a warning, once) when MKL has run already"
     if torch_mkl() is None or mkl_cbwr() == mode: return True
-    rc = torch_mkl().mkl_serv_cbwr_set({v: k for k, v in MKL_CBWR_BRANCHES.items()}[mode])
-    if rc == 0: return True
+    if (rc := torch_mkl().mkl_serv_cbwr_set({v: k for k, v in MKL_CBWR_BRANCHES.items()}[mode])) == 0: return True
     if rc != MKL_CBWR_CHANGE_FAILED:
         raise ValueError(f"MKL refused MKL_CBWR={mode} (error {rc}): use 'AUTO' or 'COMPATIBLE'.")
     _warn_once(f'MKL_CBWR={mode}', f"MKL ran before fastrepro could set MKL_CBWR={mode} (it is {mkl_cbwr()}), so its "
@@ -191,8 +190,7 @@ def restore_portable(before:dict):
 def same_kernels_env() -> dict:
     "The environment that makes a new process pick this one's CPU kernels: torch's instruction set and MKL's code path"
     set_mkl_reproducible()  # CNR `AUTO` here too, unless MKL ran already or the environment chose a mode
-    # torch's instruction set: this process's (chosen now if no kernel ran yet)
-    env = {'ATEN_CPU_CAPABILITY': aten_capability().lower()}
+    env = {'ATEN_CPU_CAPABILITY': aten_capability().lower()}  # this process's (chosen now if no kernel ran yet)
     if (mode := mkl_cbwr()) is not None: env['MKL_CBWR'] = '' if mode == 'OFF' else mode
     return env
 

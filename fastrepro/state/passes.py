@@ -90,8 +90,7 @@ def pass_problem(dl) -> str|None:
 
 def pass_position(dl) -> dict:
     "Where the pass `dl` serves stands: the batch it serves next, its batches, its order's digest, `pass_problem`"
-    sp = getattr(data_streams(dl), 'served', None)
-    if sp is None:
+    if (sp := getattr(data_streams(dl), 'served', None)) is None:
         raise ValueError("This DataLoader is not serving a deterministic pass (`make_deterministic`, then iterate).")
     whole = sp.order is not None
     return dict(batch=sp.start + sp.n, n_batches=_n_batches(sp.loader, len(sp.order)) if whole else None,
@@ -99,8 +98,7 @@ def pass_position(dl) -> dict:
 
 def resumed_pass_differs(dl, saved:dict) -> list:
     "How the pass `dl` serves now, resumed, differs from the interrupted pass `saved` (`pass_position`) continues"
-    sp = getattr(data_streams(dl), 'served', None)
-    if sp is None or sp.loader is not dl:
+    if (sp := getattr(data_streams(dl), 'served', None)) is None or sp.loader is not dl:
         return [f"`{type(dl).__name__}` did not serve its pass through fastai's `DataLoader.__iter__`"]
     res = [] if sp.start == saved['batch'] else [
         f"the loader started the pass at batch {sp.start}, the checkpoint was written after {saved['batch']}"]
