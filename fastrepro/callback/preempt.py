@@ -27,7 +27,7 @@ __all__ = ['PREEMPT_SIGNALS', 'SIGNAL_EXIT_BASE', 'SAVE_FAILED_EXIT', 'Checkpoin
 # %% ../../nbs/callback/03_preempt.ipynb #160dd579
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # what Kubernetes, spot terminations and SLURM's `--signal` send
 SIGNAL_EXIT_BASE = 128  # a process ended by signal N exits with 128 + N (the shells' and schedulers' convention)
-# a process whose checkpoint at a preemption signal could not be written: sysexits.h's EX_IOERR, not 128 + N, so
+# a process whose checkpoint at a preemption signal could not be written exits with sysexits.h's EX_IOERR, not 128 + N:
 SAVE_FAILED_EXIT = 74  # a scheduler tells "stopped, continue from the checkpoint" from "stopped, the last one lost"
 _script_fits = itertools.count()  # numbers the fits this process runs with `autoresume`, in the order it runs them
 

@@ -20,7 +20,7 @@ __all__ = ['PREFIX', 'FILE_CHUNK', 'TRACKER_TIMEOUT_S', 'TRACKERS', 'attached_cb
 # %% ../../nbs/record/04_trackers.ipynb #7329cbde
 PREFIX = 'fastrepro'    # what fastrepro writes into a tracker's run is named under it: tags, keys, files
 FILE_CHUNK = 1 << 20    # bytes read at a time for a checkpoint's digest
-# a verdict logged after the fit (`note_runs`) waits this long for a tracker's server: one that does not answer is
+# how long a verdict logged after the fit (`note_runs`) waits for a tracker's server; one that does not answer then:
 TRACKER_TIMEOUT_S = 20  # reported in a line, not waited for (W&B's `init_timeout` is 90 s, MLflow retries for minutes)
 
 def attached_cb(learn:Learner, module:str, name:str) -> Callback|None:
