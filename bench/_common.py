@@ -45,8 +45,9 @@ class Config:
 
     @classmethod
     def make(cls, quick=False, reps=None, threads=BENCH_THREADS, out=None, profile=None):
-        cfg = cls(quick=quick, reps=reps or (QUICK_REPS if quick else FULL_REPS),
-                  profile=profile or (QUICK_PROFILE if quick else FULL_PROFILE), threads=threads)
+        cfg = cls(quick=quick, reps=reps or (QUICK_REPS if quick else FULL_REPS), threads=threads,
+                  warmup=0 if quick else WARMUP,  # a smoke run judges nothing: its one round needs no warm-up
+                  profile=profile or (QUICK_PROFILE if quick else FULL_PROFILE))
         if out is not None: cfg.out = Path(out)
         cfg.out.mkdir(parents=True, exist_ok=True)
         return cfg

@@ -75,7 +75,8 @@ def run(cfg:Config) -> list:
             quiet_fit(learn)
             t = fit_times(t0, t1)
             return dict(wall=t['train'] / n_iter, cpu=t['train_cpu'] / n_iter)
-        res = interleave({s: (lambda s=s: step(s)) for s in learners}, max(cfg.reps, 3 if cfg.quick else 7), cfg.warmup)
+        reps = cfg.reps if cfg.quick else max(cfg.reps, 7)
+        res = interleave({s: (lambda s=s: step(s)) for s in learners}, reps, cfg.warmup)
         (a, b), (ca, cb) = pair(res, 'fastai', 'fastrepro', 'wall'), pair(res, 'fastai', 'fastrepro', 'cpu')
         rows.append(compare_row('4 fp16', f'{name}: float16 step time ({n_iter} steps per round)', 'ms', a, b,
                                 f'<= {TARGET}x', TARGET, quick=cfg.quick, scale=1e3, cpu_base=ca, cpu_repro=cb,

@@ -89,18 +89,20 @@ def _backend(name:str, new, n:int, env:dict, cfg:Config) -> list:
     def one_fit():
         rid = fl.add(dict(_record(0, env), status='running', metrics=None))
         fl.update(rid, status='completed', metrics=_record(0, env)['metrics'], finished=time.time())
-    res = interleave({'fit': one_fit}, max(cfg.reps, 10), 1)
+    fit_reps = cfg.reps if cfg.quick else max(cfg.reps, 10)
+    res = interleave({'fit': one_fit}, fit_reps, cfg.warmup)
     rows.append(Row(bench, 'one fit recorded (add + update)', 'ms', median(res['fit'])*1e3))
 
     # reading and comparing 1,000 runs
-    reps = max(cfg.reps, 5)
+    reps = cfg.reps if cfg.quick else max(cfg.reps, 5)
     res = interleave({'runs': lambda: (led.runs(), None)[1],
                       'compare': lambda: (led.compare('accuracy', dict(experiment='bench', variant='baseline'),
-                                                      dict(experiment='bench', variant='mixup')), None)[1]}, reps, 1)
+                                                      dict(experiment='bench', variant='mixup')), None)[1]},
+                     reps, cfg.warmup)
     df = led.runs()
     acc = np.array([m['final']['accuracy'] for m in df.metrics])
     b, e = acc[df.variant.values == 'baseline'], acc[df.variant.values == 'mixup']
-    res2 = interleave({'stats': lambda: (compare(b, e), None)[1]}, reps, 1)
+    res2 = interleave({'stats': lambda: (compare(b, e), None)[1]}, reps, cfg.warmup)
     rows.append(Row(bench, f'Ledger.runs() of {n} runs', 'ms', median(res['runs'])*1e3))
     rows.append(Row(bench, f'Ledger.compare over {n} runs ({len(b)} vs {len(e)})', 'ms', median(res['compare'])*1e3,
                     note='selects both sides, checks metric version, data, environment, seeds, then the t-test'))

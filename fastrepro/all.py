@@ -44,6 +44,7 @@ from .check.verdict import Reproduction
 from .check.rebuild import ReproduceError
 from .check.localise import audit_step, localise_step  # its sides (`threads`, `hypers`, ...) stay there
 from .check.where import where_runs_part
+from .check.verify import VerifyCB
 
 # nbdev writes an empty `__all__` for a module that defines nothing: the namespace is every name imported above
 __all__ = [n for n, o in globals().items() if not n.startswith('_') and not isinstance(o, type(core))]

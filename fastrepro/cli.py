@@ -332,7 +332,16 @@ def show_text(info:dict) -> str:
             'integrity': "every record's CRC-32 checked: intact",
             'trace file': _trace_file(info),
             'signed': _signed(info)}
+    if 'verified' in info: rows['verified'] = _verified(info)
     return '\n'.join([f"{name}: a fastrepro checkpoint"] + _lines(rows))
+
+def _verified(info:dict) -> dict|str:
+    "What `VerifyCB` checked while the run of checkpoint `info` trained: its first step, each segment's verdict"
+    step, res = info['first_step'], {}
+    if step is not None: res['first step'] = 'bit-identical, run twice' if step['same'] else step['text']
+    for s in info['verified']:
+        res[f"segment {s['name']}"] = s['status'] + (f" ({s['seconds']:.0f} s)" if s['seconds'] else '')
+    return res or 'nothing yet: no step audited, no segment replayed'
 
 @command('show', arg('checkpoint', help='a checkpoint (.pth) a save wrote'),
          arg('--json', action='store_true', help="print `checkpoint_info` as JSON"))

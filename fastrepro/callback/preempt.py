@@ -113,6 +113,7 @@ class CheckpointCB(Callback, ReproEvents):
         except OSError as e:
             warnings.warn(f"CheckpointCB: the digests of {self.path} could not be added to {self.files.manifest} "
                           f"({e}); the checkpoint itself is written. `reproduce_segments` cannot end a segment there.")
+        for told in filter(None, (own_event(cb, 'after_checkpoint') for cb in self.learn.cbs)): told(self.path)
 
     def plan_fit(self, n_epoch:int, start_epoch:int, **fit_call) -> int|None:
         ("Record whose run this fit is; with `autoresume`: skip this fit when an earlier run of it completed it, "

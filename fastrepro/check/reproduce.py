@@ -23,6 +23,7 @@ from .rebuild import _interruptible
 from .rerun import rerun_env, _expected_env, rerun_command, run_to_position, _tail, where_in_step
 from .verdict import env_differences, prediction, compare_states, verdict, Reproduction
 from .verdict import _quantity, _data, _fmt_diffs
+from .where import NOT_RECORDED_HINT
 
 # %% auto #0
 __all__ = ['MAX_CANDIDATES', 'STOP_NAME', 'RUN_FIELDS', 'PLACEHOLDER_WT', 'ledger_checkpoint', 'record_reproduction', 'reproduce',
@@ -104,7 +105,9 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
               until:dict|None=None, # a manifest entry of a checkpoint of this run that `keep` deleted: stop there
               trust:bool=False, # run the code the file carries (patch, cells, a command outside its commit) unsigned
               plan:bool=False, # show what would run and run nothing: the plan is returned (a dict)
-              where:bool=True, # when the runs part for a setting one process can play, localise where in the step
+              where:bool|str=True, # localise where in the step the runs part for a setting one process can play;
+              # 'always': also where nothing recorded explains it (the step run twice as it is names the layer)
+              trackers:bool=True, # log the verdict in the run's tracker runs (TensorBoard, W&B, MLflow)
              ) -> Reproduction|dict:
     ("Rebuild the code of `checkpoint` in a temporary git worktree, compare the environment, re-run the recorded entry "
      "point to the checkpoint's position and compare the two runs bit for bit")
@@ -161,10 +164,13 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
     text, parts, code = verdict(quantities, pos, after, data, unseen)
     timings['compare'] = time.perf_counter() - t
     found = None
-    if where and parts is not None and parts['iter'] != BEFORE_TRAINING and any(d['bits'] for d in after):
+    played_env = any(d['bits'] for d in after)  # else, with where='always', the step twice as it is
+    if where and parts is not None and parts['iter'] != BEFORE_TRAINING and (played_env or where == 'always'):
         t = time.perf_counter()
         _say(show, f"localising where in fit {parts['fit']}'s iteration {parts['iter']} the runs part")
         found = where_in_step(root, git, info, pos, parts, after, again['facts']['env'], out, command, env, timeout)
+        if not played_env and found.get('n_events') and found.get('event') is None:  # one process: the step agrees
+            found['text'] += f'; {NOT_RECORDED_HINT}'
         text, timings['where'] = f"{text}; where in the step: {found['text']}", time.perf_counter() - t
     manifest = CheckpointFiles(checkpoint).manifest
     what = str(checkpoint) if until is None else f"{manifest} (a deleted checkpoint's digests)"
@@ -174,7 +180,8 @@ def reproduce(checkpoint=None, # a checkpoint a fastrepro run wrote (or `ledger`
     if record is not None:
         res.ledger_run, res.record = int(record.name), record_reproduction(book, record, res, again['facts'])
     res.save(out, (rec['trace'], again['trace']))
-    res.trackers = note_runs(info['trackers'], 'reproduce', text, files=[out/'report.md', out/'report.json'])
+    if trackers:
+        res.trackers = note_runs(info['trackers'], 'reproduce', text, files=[out/'report.md', out/'report.json'])
     if res.trackers: res.save(out)  # the report says where the verdict was logged
     for line in res.trackers: _say(show, f"verdict {line}")
     if res.prediction != predicted: _say(show, f"environment: {res.prediction}")  # the re-run's record contradicts it
@@ -362,14 +369,31 @@ def reproduce_segments(checkpoint, # the newest checkpoint `CheckpointCB` wrote 
                        **kwargs, # passed on to `reproduce` (repo, env, strict, timeout, ...)
                       ) -> list:
     ("Verify a run in segments (`segment_plan`), each resumed and compared on its own (a deleted checkpoint by its "
-     "manifest digests), side by side on `workers` processes or `executor`")
-    out = Path(out).absolute()
-    jobs = [(start, end, out/f'segment-{i}', {**kwargs, 'until': entry})
-            for i, (start, end, entry) in enumerate(segment_plan(checkpoint))]
+     "manifest digests), side by side on `workers` processes or `executor`; one `VerifyCB` replayed bit for bit while "
+     "the run trained is not run again")
+    out, info = Path(out).absolute(), checkpoint_info(checkpoint)
+    done = {(tuple(s['start']), tuple(s['end'])) for s in info.get('verified', []) if s['status'] == 'same'}
+    plan = [(i, start, end, entry, (_at(start), _at(end, entry))) for i, (start, end, entry)
+            in enumerate(segment_plan(checkpoint))]
+    jobs = [(start, end, out/f'segment-{i}', {**kwargs, 'until': entry}) for i, start, end, entry, at in plan
+            if at not in done]
     if executor is None and workers:
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context('spawn')) as pool:
-            return list(pool.map(_segment, jobs))
-    return list(map(_segment, jobs) if executor is None else executor.map(_segment, jobs))
+            ran = iter(list(pool.map(_segment, jobs)))
+    else: ran = iter(list(map(_segment, jobs) if executor is None else executor.map(_segment, jobs)))
+    return [_verified_while_training(info, end, entry) if at in done else next(ran) for _, _, end, entry, at in plan]
+
+def _at(f, entry:dict|None=None) -> tuple:
+    "`(fit, iteration)` of a segment's end (its manifest `entry`, else the file `f`) or start (None: the run's start)"
+    if f is None: return 0, 0
+    i = entry or checkpoint_info(f)
+    return i['fit'], i['iteration']
+
+def _verified_while_training(info:dict, end, entry:dict|None) -> Reproduction:
+    "What a segment `VerifyCB` replayed bit for bit while the run trained found (`info`: the run's newest checkpoint)"
+    pos = entry or checkpoint_info(end)
+    return Reproduction(str(end), info['git']['commit'], "reproduced bit for bit while the run trained (VerifyCB)",
+                        EXIT_REPRODUCED, {k: pos[k] for k in POSITION_KEYS})
 
 def segments_verdict(res:list) -> tuple:
     "(verdict, exit code) of the segments `reproduce_segments` verified"

@@ -70,7 +70,8 @@ def first_difference(a, b, where:str='') -> str|None:
     return None if same else where
 
 # the callbacks' states that are not the computation: where and when it ran, its ledger record, tracker runs, owner
-_NOT_COMPUTED = {'repro_cb': ('provenance', 'ledger_run', 'trackers', 'trace'), 'checkpoint_cb': ('identity',)}
+_NOT_COMPUTED = {'repro_cb': ('provenance', 'ledger_run', 'trackers', 'trace'), 'checkpoint_cb': ('identity',),
+                 'verify_cb': ('first_step', 'segments', 'written')}  # what was verified: not the run's computation
 
 def _computed(name:str, state):
     "Callback `name`'s `state` without what is not the computation"

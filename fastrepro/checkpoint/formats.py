@@ -128,6 +128,10 @@ def _checkpoint_cb_summary(state:dict) -> dict:
     "What `checkpoint_info` shows of a `CheckpointCB` state: the script's fit that wrote it, and whose run it is"
     return {'fit_number': state['fit_number'], 'identity': state['identity']}
 
+def _verify_summary(state:dict) -> dict:
+    "What `checkpoint_info` shows of a `VerifyCB` state: the verdicts of its first step and of its segments so far"
+    return {'first_step': state['first_step'], 'verified': state['segments']}
+
 def _checkpoint_cb_from_v5(d:dict, learn:Learner|None) -> tuple:
     ("A format-5 `CheckpointCB` state in format 6: no run identity was recorded (an autoresume compares its number of "
      "epochs and its code, as format 5 did)")
@@ -136,7 +140,7 @@ def _checkpoint_cb_from_v5(d:dict, learn:Learner|None) -> tuple:
 # %% ../../nbs/checkpoint/03_formats.ipynb #b98b0db5
 # what `checkpoint_info` shows of each callback's state, and each state's upgrade from a format to the next
 SUMMARIES = {'repro_cb': _repro_summary, 'mixed_precision': _loss_scale_summary,
-             'checkpoint_cb': _checkpoint_cb_summary}
+             'checkpoint_cb': _checkpoint_cb_summary, 'verify_cb': _verify_summary}
 UPGRADES = {('repro_cb', 1): _repro_from_v1, ('repro_cb', 2): _repro_from_v2, ('repro_cb', 3): _repro_from_v3,
             ('repro_cb', 6): _repro_from_v6, ('repro_cb', 8): _repro_from_v8,
             ('mixed_precision', 1): _loss_scale_from_v1, ('checkpoint_cb', 5): _checkpoint_cb_from_v5}

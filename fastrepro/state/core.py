@@ -34,7 +34,8 @@ def stateful_cbs(learn:Learner) -> L:
 class ReproEvents:
     ("The events fastrepro sends a callback beyond fastai's, with their defaults; a callback (subclass or not) that "
      "defines one of them is called (`own_event`)")
-    _events = L.split('state_dict load_state_dict plan_fit before_save after_load after_fit_exception')
+    _events = L.split('state_dict load_state_dict plan_fit before_save after_load after_fit_exception '
+                       'after_checkpoint')
     def state_dict(self) -> dict: "What `learn.save` keeps of this callback; with `load_state_dict`, makes it stateful"
     def load_state_dict(self, d:dict): "Keep the state `d` that `learn.load` read, to apply at the event it belongs to"
     def plan_fit(self, n_epoch:int, start_epoch:int, **fit_call) -> int|None:
@@ -43,6 +44,7 @@ class ReproEvents:
     def before_save(self, file): "`learn.save` writes checkpoint `file` next: write what goes beside it"
     def after_load(self, file, log): "`learn.load` gave this callback its state from `file`, and the `log` it pins"
     def after_fit_exception(self, exc:BaseException): "`fit` raised `exc` (no `after_fit` comes): undo what it set"
+    def after_checkpoint(self, file): "`CheckpointCB` wrote checkpoint `file`, rank 0 (periodic, a fit's end, a signal)"
 
 def own_event(cb, name:str):
     "`cb`'s own handler of fastrepro's event `name` (`ReproEvents`), bound; None where it has none"
