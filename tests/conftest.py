@@ -46,7 +46,7 @@ os.environ['FASTREPRO_SECRET_FILE'] = str(TEST_SECRET)
 # pytest-xdist (`--dist loadfile`) starts the test files in this order, the longest first (measured with --durations on
 # 2 cores), so that no worker is left alone with a long file at the end; by default it starts the files with the most
 # tests first, whatever they take. The others follow in their own order.
-LONGEST_FIRST = ('test_notebooks.py', 'test_preempt.py', 'test_distrib.py', 'test_provenance_runs.py',
+LONGEST_FIRST = ('test_notebooks.py', 'test_preempt.py', 'test_distrib.py', 'test_verify.py', 'test_provenance_runs.py',
                  'test_selftest.py', 'test_script_boundaries.py', 'test_run_identity.py', 'test_fastai_habits.py',
                  'test_demo_cli.py', 'test_resume.py', 'test_reproduce.py', 'test_trust.py', 'test_trackers.py',
                  'test_loader_resume.py', 'test_sweep_dask.py', 'test_bench_smoke.py')

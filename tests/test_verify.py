@@ -58,25 +58,28 @@ if __name__ == '__main__':  # Dask's worker processes import this file: they tra
     df['y'] = 2*df.a + df.b + (df.c == 'x')
     dls = TabularDataLoaders.from_df(df, y_names='y', cat_names=['c'], cont_names=['a', 'b'], bs=32,
                                      procs=[Categorify, Normalize], valid_idx=list(range(200, 256)))
-    cbs = [ReproCB(seed=0, ledger=FitRecord(Ledger('runs.db'), 'tabular')),
-           CheckpointCB(every_iters=4, autoresume=os.environ.get('DIE') is not None), Requeued()]
-    if os.environ.get('VERIFY', '1') == '1':
-        executor = None
-        if os.environ.get('DASK'):
-            from dask.distributed import Client, LocalCluster
-            client = Client(LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=None))
-            executor = client.get_executor()
-        cbs.append(VerifyCB(wait=float(os.environ.get('WAIT', 300)), executor=executor,
-                            every=int(os.environ.get('EVERY', 0)) or None))
-    if os.environ.get('KILL_REPLAY'): cbs.append(KillReplay())
-    if os.environ.get('TENSORBOARD'):
-        from fastai.callback.tensorboard import TensorBoardCallback
-        cbs.append(TensorBoardCallback(trace_model=False, log_preds=False))
-    learn = tabular_learner(dls, layers=[16, 8], n_out=1, cbs=cbs)
-    if layer := os.environ.get('LAYER'):
-        learn.model = Model(learn.model, Hashed() if layer == 'hash' else Jitter(layer))
-    with learn.no_bar(), learn.no_logging(): learn.fit(2, 1e-2)
-    learn.save('final')
+    executor = None
+    if os.environ.get('DASK') and not os.environ.get('FASTREPRO_VERIFYING'):  # a replay's re-run needs no cluster
+        from dask.distributed import Client, LocalCluster
+        client = Client(LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=None))
+        executor = client.get_executor()
+    layers = os.environ['LAYERS'].split(',') if os.environ.get('LAYERS') else ['']
+    for seed, layer in enumerate(layers):  # a learner for each layer: each its own seed, checkpoints and verdicts
+        seed_everything(seed)
+        cbs = [ReproCB(seed=seed, ledger=FitRecord(Ledger('runs.db'), 'tabular')),
+               CheckpointCB(f'checkpoint{layer}', every_iters=4, autoresume=os.environ.get('DIE') is not None),
+               Requeued()]
+        if os.environ.get('VERIFY', '1') == '1':
+            cbs.append(VerifyCB(wait=float(os.environ.get('WAIT', 300)), executor=executor,
+                                every=int(os.environ.get('EVERY', 0)) or None))
+        if os.environ.get('KILL_REPLAY'): cbs.append(KillReplay())
+        if os.environ.get('TENSORBOARD'):
+            from fastai.callback.tensorboard import TensorBoardCallback
+            cbs.append(TensorBoardCallback(trace_model=False, log_preds=False))
+        learn = tabular_learner(dls, layers=[16, 8], n_out=1, cbs=cbs)
+        if layer: learn.model = Model(learn.model, Hashed() if layer == 'hash' else Jitter(layer))
+        with learn.no_bar(), learn.no_logging(): learn.fit(2, 1e-2)
+        learn.save(f'final{layer}')
 '''
 
 TEXT = '''"A ULMFiT language model (AWD-LSTM, fastai's text pipeline) fine-tuned on the IMDB sample, verified"
@@ -91,6 +94,17 @@ learn.save('final')
 '''
 
 
+DISTRIB = '''"Two processes under torchrun and `distrib_ctx`: rank 0 replays the first segment (a torchrun of its own)"
+from fastai.basics import *
+from fastai.distributed import *
+from fastai.test_utils import synth_learner
+from fastrepro.all import ReproCB, CheckpointCB, VerifyCB, seed_everything
+seed_everything(3)
+learn = synth_learner(n_trn=8, path='.', cbs=[ReproCB(seed=3), CheckpointCB(every_iters=2), VerifyCB(wait=300)])
+with learn.distrib_ctx(), learn.no_bar(), learn.no_logging(): learn.fit(1, 1e-2)
+'''
+
+
 def _git(root, *args):
     return subprocess.run(['git', *args], cwd=root, check=True, capture_output=True, text=True).stdout
 
@@ -100,7 +114,8 @@ def repo(tmp_path_factory):
     "A git repository with both scripts committed"
     root = tmp_path_factory.mktemp('verify')/'proj'
     root.mkdir()
-    (root/'tabular.py').write_text(TABULAR); (root/'text.py').write_text(TEXT)
+    for name, script in (('tabular.py', TABULAR), ('text.py', TEXT), ('distrib.py', DISTRIB)):
+        (root/name).write_text(script)
     (root/'.gitignore').write_text('__pycache__/\n/models/\n/runs.db\n/runs/\n')
     _git(root, 'init', '-q', '-b', 'main')
     _git(root, 'config', 'user.name', 'tests'); _git(root, 'config', 'user.email', 'tests@fastrepro.invalid')
@@ -108,11 +123,11 @@ def repo(tmp_path_factory):
     return root
 
 
-def run(repo, where:Path, script='tabular.py', prefix=(), **env) -> subprocess.CompletedProcess:
-    "The script run in a clone of `repo` at `where`, with `env` on top of this process's environment"
+def run(repo, where:Path, script='tabular.py', launch=(sys.executable,), **env) -> subprocess.CompletedProcess:
+    "The script run (by `launch`) in a clone of `repo` at `where`, with `env` on top of this process's environment"
     if not where.exists(): _git(repo.parent, 'clone', '-q', str(repo), str(where))
     base = {k: v for k, v in os.environ.items() if k != 'PYTHONHASHSEED'}  # each process its own hash seed
-    return subprocess.run([*prefix, sys.executable, script], cwd=where, capture_output=True, text=True,
+    return subprocess.run([*launch, script], cwd=where, capture_output=True, text=True,
                           timeout=RUN_TIMEOUT_S, env={**base, 'PYTHONPATH': str(ROOT), 'MPLBACKEND': 'Agg', **env})
 
 
@@ -165,24 +180,20 @@ def test_a_clean_run_is_verified_and_unchanged(repo, tmp_path, unverified, capsy
     assert (seg/'report.md').is_file() and not list(seg.rglob('*.pth'))  # the replay's files gone, its report kept
 
 
-@pytest.mark.parametrize('source,kind', [('os', 'OS entropy'), ('clock', 'the clock')])
-def test_a_layer_no_seed_reaches_is_named(repo, tmp_path, source, kind):
-    p = run(repo, tmp_path/'proj', LAYER=source)
+def test_layers_no_seed_reaches_are_named_and_a_process_difference_said(repo, tmp_path):
+    ("Three learners, their replays on a Dask worker: noise from the OS's entropy and from the clock, each caught at "
+     "its first step and in its segment, the layer named; Python's hash seed, which one process agrees with")
+    p = run(repo, tmp_path/'proj', LAYERS='os,clock,hash', DASK='1')
     out = lines(p)
-    assert 'NondeterminismWarning: VerifyCB: first step: `noise` (Jitter) forward output 0 differs first' in p.stderr, (
-        kind, p.stderr[-3000:])
-    assert len(out) == 1, out
-    seg = out[0]
-    assert seg.startswith('VerifyCB: segment fit 0, iterations 0-4: parts in '), seg
-    assert 'at fit 0, epoch 0, iteration 0, first in loss' in seg and 'where in the step: `noise` (Jitter)' in seg, seg
-
-
-def test_a_segment_that_parts_only_across_processes_says_so(repo, tmp_path):
-    "Python's hash seed: one process agrees with itself, the replay on a Dask worker does not"
-    out = lines(run(repo, tmp_path/'proj', LAYER='hash', DASK='1'))
-    assert 'bit-identical between two runs' in out[0], out
-    assert 'parts in ' in out[1] and 'first in loss' in out[1], out
-    assert 'are bit-identical between two runs of the same step' in out[1] and 'PYTHONHASHSEED' in out[1], out
+    warned = 'NondeterminismWarning: VerifyCB: first step: `noise` (Jitter) forward output 0 differs first'
+    assert p.stderr.count(warned) == 2, p.stderr[-3000:]  # the OS's and the clock's; Python's hash agrees with itself
+    os_seg, clock_seg, hash_step, hash_seg = out
+    for seg in (os_seg, clock_seg):
+        assert seg.startswith('VerifyCB: segment fit 0, iterations 0-4: parts in '), seg
+        assert 'at fit 0, epoch 0, iteration 0, first in loss' in seg and 'where in the step: `noise` (Jitter)' in seg
+    assert 'bit-identical between two runs' in hash_step, hash_step
+    assert 'parts in ' in hash_seg and 'first in loss' in hash_seg, hash_seg
+    assert 'are bit-identical between two runs of the same step' in hash_seg and 'PYTHONHASHSEED' in hash_seg, hash_seg
 
 
 def test_a_killed_replay_is_one_line_and_the_run_goes_on(repo, tmp_path, unverified):
@@ -209,7 +220,7 @@ def test_a_replay_ends_with_the_run(repo, tmp_path, unverified):
 
 
 def test_one_core_audits_the_first_step_and_says_why_no_replay(repo, tmp_path, unverified):
-    out = lines(run(repo, tmp_path/'proj', prefix=('taskset', '-c', '0')))
+    out = lines(run(repo, tmp_path/'proj', launch=('taskset', '-c', '0', sys.executable)))
     assert out[0] == ('VerifyCB: no segment is replayed: this process has one CPU core, which a replay would take '
                       'from the training (pass `executor=`); the first step is audited'), out
     assert 'first step: ' in out[1] and len(out) == 2, out
@@ -235,3 +246,12 @@ def test_a_ulmfit_language_model_is_verified(repo, tmp_path, fastai_home):
     out = lines(run(repo, tmp_path/'proj', 'text.py', FASTAI_HOME=str(fastai_home)))
     assert 'first step: the ' in out[0] and 'bit-identical between two runs' in out[0], out
     assert out[1].startswith('VerifyCB: segment fit 0, iterations 0-3: bit-identical in '), out
+
+
+def test_a_distributed_run_is_verified_by_rank_0(repo, tmp_path):
+    "torchrun, 2 processes: rank 0 says each verdict once; the first step is not run twice across ranks, and says so"
+    torchrun = (sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '2')
+    out = lines(run(repo, tmp_path/'proj', 'distrib.py', torchrun, ACCELERATE_USE_CPU='1', OMP_NUM_THREADS='1'))
+    assert out == ["VerifyCB: first step not checked: a distributed run's ranks would have to run the same extra steps",
+                   *out[1:]] and len(out) == 2, out
+    assert out[1].startswith('VerifyCB: segment fit 0, iterations 0-2: bit-identical in '), out

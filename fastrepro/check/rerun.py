@@ -286,7 +286,7 @@ def where_in_step(root:Path, git:dict, info:dict, # the repository, the checkpoi
     run, kernels = WhereRun(root, git, info, pos, out, command, env, timeout), kernel_env(after)
     # a trace row at the iteration: its step; the state at the checkpoint: the step before it
     it = parts['iter'] if parts['quantity'].startswith(('loss', 'the norm of')) else parts['iter'] - 1
-    target = dict(fit=parts['fit'], iteration=it, model=pos['model'])
+    target = dict(fit=parts['fit'], iteration=it, model=pos['model'], seed=pos['seed'])
     recorded, mine = env_settings(info['env']), env_settings(here)
     try:
         if not kernels: return run(dict(target, recorded=recorded, here=mine), WHERE_NAME.removesuffix('.json'))

@@ -81,9 +81,10 @@ class _AtTarget(Callback):
         self.signature = model_signature(self.learn.model)['digest'] if training_fit(self.learn) else None
 
     def _repro(self):
-        "The learner's `ReproCB` while it trains the target's model; None elsewhere"
+        "The learner's `ReproCB` while it trains the target's model with its seed (a seed loop: one model); else None"
         cb, t = getattr(self.learn, 'repro_cb', None), self.target
-        return cb if cb is not None and cb.active and (t is None or self.signature == t['model']) else None
+        if cb is None or not cb.active: return None
+        return cb if t is None or (self.signature == t['model'] and t.get('seed', cb.seed) == cb.seed) else None
 
 class _ProbeFrom(_AtTarget):
     "Digest every event of the steps from `first` through `last` (`(fit, iteration)`) with `probe`, then `_end` the fit"
