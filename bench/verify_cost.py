@@ -43,15 +43,15 @@ class Clock(Callback):
         if self.first_ckpt is None and self.learn.checkpoint_cb.path.exists(): self.first_ckpt = time.perf_counter()
 
 class Verdict:
-    "stdout that notes when the segment's verdict is printed"
+    "stderr that notes when the segment's verdict is printed"
     def __init__(self, out): self.out, self.at = out, None
     def write(self, s):
         if self.at is None and s.startswith('VerifyCB: segment'): self.at = time.perf_counter()
         return self.out.write(s)
     def flush(self): self.out.flush()
 
-way, verdict = sys.argv[1], Verdict(sys.stdout)
-sys.stdout = verdict
+way, verdict = sys.argv[1], Verdict(sys.stderr)
+sys.stderr = verdict
 seed_everything(1)
 dls = lm_dls(imdb_sample_df('test'))
 clock = Clock()
@@ -77,7 +77,7 @@ def _one(repo:Path, way:str) -> dict:
     found = [l for l in p.stdout.splitlines() if l.startswith('BENCH ')]
     if p.returncode or not found: raise SystemExit(f"{way}: the training process failed: {p.stderr[-2000:]}")
     res = json.loads(found[-1][len('BENCH '):])
-    res['lines'] = [l for l in p.stdout.splitlines() if l.startswith('VerifyCB')]
+    res['lines'] = [l for l in p.stderr.splitlines() if l.startswith('VerifyCB: ')]
     return res
 
 

@@ -340,7 +340,8 @@ def _verified(info:dict) -> dict|str:
     step, res = info['first_step'], {}
     if step is not None: res['first step'] = 'bit-identical, run twice' if step['same'] else step['text']
     for s in info['verified']:
-        res[f"segment {s['name']}"] = s['status'] + (f" ({s['seconds']:.0f} s)" if s['seconds'] else '')
+        took = f" ({s['seconds']:.0f} s)" if s['seconds'] else ''
+        res[f"segment {s['name']}"] = s['status'] + took + ('' if s['status'] == 'same' else f": {s['text']}")
     return res or 'nothing yet: no step audited, no segment replayed'
 
 @command('show', arg('checkpoint', help='a checkpoint (.pth) a save wrote'),

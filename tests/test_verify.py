@@ -132,8 +132,9 @@ def run(repo, where:Path, script='tabular.py', launch=(sys.executable,), **env) 
 
 
 def lines(p:subprocess.CompletedProcess) -> list:
+    "VerifyCB's lines (on stderr, where a run's diagnostics go) of a process that ended normally"
     assert p.returncode == 0, (p.returncode, p.stdout[-3000:], p.stderr[-3000:])
-    return [l for l in p.stdout.splitlines() if l.startswith('VerifyCB: ')]
+    return [l for l in p.stderr.splitlines() if l.startswith('VerifyCB: ')]
 
 
 def weights(folder:Path) -> tuple:
@@ -230,8 +231,8 @@ def test_one_core_audits_the_first_step_and_says_why_no_replay(repo, tmp_path, u
 def test_a_requeued_run_verifies_no_segment_twice(repo, tmp_path, unverified):
     died = run(repo, tmp_path/'proj', DIE='1')
     assert died.returncode == -9, died.stderr[-3000:]
-    assert [l.split(':')[1] for l in died.stdout.splitlines() if l.startswith('VerifyCB')] == [
-        ' first step', ' segment fit 0, iterations 0-4'], died.stdout
+    assert [l.split(':')[1] for l in died.stderr.splitlines() if l.startswith('VerifyCB: ')] == [
+        ' first step', ' segment fit 0, iterations 0-4'], died.stderr[-3000:]
     assert lines(run(repo, tmp_path/'proj', DIE='0')) == []  # resumed: nothing verified again, nothing said
     info = checkpoint_info(tmp_path/'proj'/'models'/'final.pth')
     assert info['first_step']['same'] and [s['status'] for s in info['verified']] == ['same']

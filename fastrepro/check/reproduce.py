@@ -6,7 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/check/reproduce.html.md"""
 
 # %% ../../nbs/check/04_reproduce.ipynb #a1700004
 from __future__ import annotations
-import sys, json, time, shutil, posixpath, itertools, multiprocessing
+import sys, json, time, shutil, posixpath, itertools, functools, multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path, PurePosixPath
 import pandas as pd
@@ -371,9 +371,13 @@ def reproduce_segments(checkpoint, # the newest checkpoint `CheckpointCB` wrote 
     ("Verify a run in segments (`segment_plan`), each resumed and compared on its own (a deleted checkpoint by its "
      "manifest digests), side by side on `workers` processes or `executor`; one `VerifyCB` replayed bit for bit while "
      "the run trained is not run again")
-    out, info = Path(out).absolute(), checkpoint_info(checkpoint)
+    out, info_of = Path(out).absolute(), functools.cache(checkpoint_info)  # each file read once
+    info = info_of(Path(checkpoint))
+    # what the user's own run verified while it trained (a file from elsewhere is re-run, whatever it says)
     done = {(tuple(s['start']), tuple(s['end'])) for s in info.get('verified', []) if s['status'] == 'same'}
-    plan = [(i, start, end, entry, (_at(start), _at(end, entry))) for i, (start, end, entry)
+    if not _own(info): done = set()
+    def pos(f, entry=None): return {'fit': 0, 'iteration': 0} if f is None else entry or info_of(Path(f))
+    plan = [(i, start, end, entry, (_at(pos(start)), _at(pos(end, entry)))) for i, (start, end, entry)
             in enumerate(segment_plan(checkpoint))]
     jobs = [(start, end, out/f'segment-{i}', {**kwargs, 'until': entry}) for i, start, end, entry, at in plan
             if at not in done]
@@ -381,17 +385,18 @@ def reproduce_segments(checkpoint, # the newest checkpoint `CheckpointCB` wrote 
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context('spawn')) as pool:
             ran = iter(list(pool.map(_segment, jobs)))
     else: ran = iter(list(map(_segment, jobs) if executor is None else executor.map(_segment, jobs)))
-    return [_verified_while_training(info, end, entry) if at in done else next(ran) for _, _, end, entry, at in plan]
+    return [_verified_while_training(info, end, pos(end, entry)) if at in done else next(ran)
+            for _, _, end, entry, at in plan]
 
-def _at(f, entry:dict|None=None) -> tuple:
-    "`(fit, iteration)` of a segment's end (its manifest `entry`, else the file `f`) or start (None: the run's start)"
-    if f is None: return 0, 0
-    i = entry or checkpoint_info(f)
-    return i['fit'], i['iteration']
+def _at(pos:dict) -> tuple: return pos['fit'], pos['iteration']
 
-def _verified_while_training(info:dict, end, entry:dict|None) -> Reproduction:
-    "What a segment `VerifyCB` replayed bit for bit while the run trained found (`info`: the run's newest checkpoint)"
-    pos = entry or checkpoint_info(end)
+def _own(info:dict) -> bool:
+    "Is checkpoint `info` of the user's own run, or one they trust (its signature verifies with their secret)?"
+    try: return is_trusted(info['git'], info['entry'], info.get('signature'))
+    except SecretError: return False
+
+def _verified_while_training(info:dict, end, pos:dict) -> Reproduction:
+    "A segment the user's own `VerifyCB` replayed bit for bit while the run trained (`info`: its newest checkpoint)"
     return Reproduction(str(end), info['git']['commit'], "reproduced bit for bit while the run trained (VerifyCB)",
                         EXIT_REPRODUCED, {k: pos[k] for k in POSITION_KEYS})
 

@@ -143,9 +143,13 @@ def verdict(quantities:dict, position:dict, env_after:list, data:str,
     by_digest = q == 'trace' and w.gap is not None  # parts in rows not at hand: known by their digest only
     if why: because = f"explained by the environment: {why}"
     elif by_digest: because = "no recorded difference of the environment explains it"
-    elif it == BEFORE_TRAINING or (fit, it) == (0, 0):
-        because = ("no recorded difference of the environment explains it: the run starts from other weights or data "
+    elif it == BEFORE_TRAINING:
+        because = ("no recorded difference of the environment explains it: the run starts from other weights "
                    "(built before the fit from unseeded generators? call `seed_everything(seed)` before building them)")
+    elif (fit, it) == (0, 0):  # the initial weights were equal, or the trace holds none to compare
+        because = ("no recorded difference of the environment explains it: the first step differs, from other data, an "
+                   "operation no seed reaches or, where the trace holds no initial weights, other weights (built "
+                   "before the fit from unseeded generators? call `seed_everything(seed)` before building them)")
     else: because = ("no recorded difference of the environment explains it: the run reads something its record does "
                      "not hold (an environment variable, a file, the clock)")
     where = (f"before fit {fit}'s first iteration, in the initial weights" if it == BEFORE_TRAINING else
