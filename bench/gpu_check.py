@@ -15,6 +15,10 @@ Made for one call on a machine with an NVIDIA GPU (`python -m bench.gpu_check`);
      under `set_deterministic(True)` and warns with `warn_only=True`; a fresh process without CUBLAS_WORKSPACE_CONFIG
      gets it from `seed_everything` before CUDA initialises, and cuBLAS then runs under deterministic algorithms.
   5. Cost: not measured here; it prints the `bench.gpu_bench` command that measures it.
+  6. `VerifyCB` on the GPU: a tabular script committed in a git repository trains on the device with periodic
+     checkpoints; with `device='wait'` its first segment is replayed on the GPU once the fit is over (one line says so
+     at the start) and is bit-identical; with `device='cpu'` it is replayed at once on the CPU and a verdict arrives.
+     (In the --cpu dry run both train on the CPU: both bit-identical.)
 
 Tokenization: `fastrepro.demo.ulmfit` uses fastai's default word tokenizer, spaCy, which the device machine lacks; this
 script makes fastai's `BaseTokenizer` (split on spaces) the word tokenizer here and in every job process (through a
@@ -259,6 +263,50 @@ def switches_check(seed:int, device:str='cuda') -> bool:
     return ok
 
 
+VERIFY_SCRIPT = '''"A tabular run on the default device (the GPU when there is one), verified while it trains"
+import os
+import numpy as np, pandas as pd
+from fastai.tabular.all import *
+from fastrepro.all import ReproCB, CheckpointCB, VerifyCB, seed_everything
+seed_everything(0)
+rng = np.random.default_rng(0)
+df = pd.DataFrame({'a': rng.normal(size=512), 'b': rng.normal(size=512), 'c': rng.choice(list('xyz'), 512)})
+df['y'] = 2*df.a + df.b + (df.c == 'x')
+dls = TabularDataLoaders.from_df(df, y_names='y', cat_names=['c'], cont_names=['a', 'b'], bs=64,
+                                 procs=[Categorify, Normalize], valid_idx=list(range(448, 512)))
+learn = tabular_learner(dls, layers=[64, 32], n_out=1, cbs=[ReproCB(seed=0), CheckpointCB(every_iters=4),
+                        VerifyCB(wait=300, device=os.environ['VERIFY_DEVICE'])])
+with learn.no_bar(), learn.no_logging(): learn.fit(3, 1e-2)
+print('trained on', dls.device)
+'''
+
+
+def verify_check(out:Path, env:dict, cuda:bool) -> bool:
+    "Check 6: `VerifyCB` on the device: a GPU run's segment replayed on its GPU after the fit, or at once on the CPU"
+    repo = out/'verify'
+    repo.mkdir(parents=True, exist_ok=True)
+    (repo/'train.py').write_text(VERIFY_SCRIPT)
+    (repo/'.gitignore').write_text('/models/\n__pycache__/\n')
+    git = lambda *a: subprocess.run(['git', '-c', 'user.name=gpu_check', '-c', 'user.email=gpu@check.invalid', *a],
+                                    cwd=repo, check=True, capture_output=True)
+    git('init', '-q'); git('add', '-A'); git('commit', '-qm', 'the script')
+    path = os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get('PYTHONPATH')] if p])
+    penv = {**os.environ, **env, 'PYTHONPATH': path}
+    ok = True
+    for device in ('wait', 'cpu'):
+        p = subprocess.run([sys.executable, 'train.py'], cwd=repo, env={**penv, 'VERIFY_DEVICE': device},
+                           capture_output=True, text=True, timeout=900)
+        lines = [l for l in p.stderr.splitlines() if l.startswith('VerifyCB: ')]
+        segment = next((l for l in lines if l.startswith('VerifyCB: segment fit 0, iterations 0-4: ')), '')
+        told = any(('once the fit is over, on cuda' if device == 'wait' else 'replayed on the CPU') in l for l in lines)
+        this = p.returncode == 0 and bool(segment) and (told or not cuda) and (
+            'bit-identical' in segment if device == 'wait' or not cuda else True)
+        ok = ok and this
+        print(f"{verdict(this)} 6. VerifyCB(device={device!r}) on {'CUDA' if cuda else 'the CPU'}: exit "
+              f"{p.returncode}, {p.stdout.strip().splitlines()[-1:] or p.stderr[-800:]}; " + ' | '.join(lines))
+    return ok
+
+
 def main():
     args = parse_args()
     import torch
@@ -289,6 +337,7 @@ def main():
     for title, check in (('3. cuDNN RNN dropout', rnn_dropout_check), ('4. deterministic switches', switches_check)):
         if cuda: results.append(check(args.seed))
         else: print(f"SKIP {title}: skipped: needs CUDA")
+    results.append(verify_check(out, env, cuda))
     print(f"INFO 5. cost on CUDA (ReproCB epoch ratio, ReproMixedPrecision step time, per-fit setup): "
           f"run `{BENCH_CMD}` (writes bench/GPU_RESULTS.md)")
     ok = all(results)

@@ -22,7 +22,8 @@ KILL = 2*EVERY + 2  # inside epoch 1 (iterations 5-8), two iterations after the 
 JOB_TIMEOUT_S = hang_limit(30)  # one process of the job (about 20 s on a loaded 2-core machine)
 TRACKERS = ('--csv', '--tensorboard', '--wandb', '--mlflow', '--fp16')
 # no tracker's telemetry or network look-ups: the tests run offline, and MLflow's wait at exit for a blocked network
-QUIET = dict(WANDB_MODE='offline', WANDB_SILENT='true', MLFLOW_DISABLE_TELEMETRY='true', DO_NOT_TRACK='true')
+QUIET = dict(WANDB_MODE='offline', WANDB_SILENT='true', MLFLOW_DISABLE_TELEMETRY='true', DO_NOT_TRACK='true',
+             MLFLOW_SERVER_ENABLE_JOB_EXECUTION='false')  # the server's job runners (7 processes): none is used
 os.environ.setdefault('MLFLOW_DISABLE_TELEMETRY', 'true')  # this process reads the MLflow run back, offline too
 WANDB_HEADER, WANDB_BLOCK, WANDB_RECORD_HEADER = b':W&B', 32768, 7  # the layout of W&B's offline `.wandb` files
 WANDB_FULL, WANDB_LAST = 1, 4  # a record's kind: whole, or the last piece of one split over blocks

@@ -4,7 +4,7 @@ process), the verdict in the output, the ledger and the checkpoint; layers no se
 caught at the first step and in the segment, the layer named; a segment that parts only across processes (Python's
 hash seed, replayed on a Dask worker) said so; a replay killed with SIGKILL, a process with one CPU core and a requeued
 run each said in one line, the run going on; and every run with `VerifyCB` bit for bit the run without it."""
-import os, re, subprocess, sys, time
+import json, os, re, subprocess, sys, time
 from pathlib import Path
 import pytest
 import torch
@@ -71,7 +71,7 @@ if __name__ == '__main__':  # Dask's worker processes import this file: they tra
                Requeued()]
         if os.environ.get('VERIFY', '1') == '1':
             cbs.append(VerifyCB(wait=float(os.environ.get('WAIT', 300)), executor=executor,
-                                every=int(os.environ.get('EVERY', 0)) or None))
+                                every=int(os.environ.get('EVERY', 0)) or None, device=os.environ.get('DEVICE', 'wait')))
         if os.environ.get('KILL_REPLAY'): cbs.append(KillReplay())
         if os.environ.get('TENSORBOARD'):
             from fastai.callback.tensorboard import TensorBoardCallback
@@ -207,8 +207,9 @@ def test_a_killed_replay_is_one_line_and_the_run_goes_on(repo, tmp_path, unverif
 
 
 def test_a_replay_ends_with_the_run(repo, tmp_path, unverified):
-    "A run that does not wait for its verdict: the replay still running ends with it, said in one line"
-    out = lines(run(repo, tmp_path/'proj', WAIT='0'))
+    ("A run that does not wait for its verdict: the replay still running ends with it, said in one line; on the CPU "
+     "by choice (`device='cpu'`: no GPU visible to it)")
+    out = lines(run(repo, tmp_path/'proj', WAIT='0', DEVICE='cpu'))
     assert out[-1] == ('VerifyCB: segment fit 0, iterations 0-4: not checked: the run ended before its replay did '
                        '(`fastrepro reproduce` checks it later)'), out
     spec = tmp_path/'proj'/'models'/'verify'/'checkpoint'/'segment-0'/'spec.json'
@@ -216,12 +217,13 @@ def test_a_replay_ends_with_the_run(repo, tmp_path, unverified):
     while (alive := subprocess.run(['pgrep', '-f', str(spec)], capture_output=True, text=True).stdout):
         assert time.monotonic() < deadline, f"the replay outlived the run: {alive}"
         time.sleep(0.2)
-    assert spec.is_file()
+    assert spec.is_file() and json.loads(spec.read_text())['env']['CUDA_VISIBLE_DEVICES'] == ''
     assert same_bits(weights(tmp_path/'proj'), unverified)
 
 
 def test_one_core_audits_the_first_step_and_says_why_no_replay(repo, tmp_path, unverified):
-    out = lines(run(repo, tmp_path/'proj', launch=('taskset', '-c', '0', sys.executable)))
+    threads = os.environ.get('OMP_NUM_THREADS', str(os.cpu_count()))  # the unverified run's count, on one core too
+    out = lines(run(repo, tmp_path/'proj', launch=('taskset', '-c', '0', sys.executable), OMP_NUM_THREADS=threads))
     assert out[0] == ('VerifyCB: no segment is replayed: this process has one CPU core, which a replay would take '
                       'from the training (pass `executor=`); the first step is audited'), out
     assert 'first step: ' in out[1] and len(out) == 2, out

@@ -20,8 +20,9 @@ from .reproduce import reproduce, STOP_NAME
 
 
 # %% auto #0
-__all__ = ['VERIFY_FOLDER', 'VERIFYING_ENV', 'VERDICT_FILE', 'REPLAY_NICE', 'POLL_S', 'RUNNING', 'SAME', 'PARTS', 'NOT_CHECKED',
-           'verify_segment', 'SegmentReplay', 'CallbackAttributes', 'audit_first_step', 'VerifyCB']
+__all__ = ['VERIFY_FOLDER', 'VERIFYING_ENV', 'VERDICT_FILE', 'REPLAY_NICE', 'POLL_S', 'REPLAY_DEVICES', 'RUNNING', 'SAME',
+           'PARTS', 'NOT_CHECKED', 'verify_segment', 'SegmentReplay', 'ReplayDevice', 'CallbackAttributes',
+           'audit_first_step', 'VerifyCB']
 
 # %% ../../nbs/check/08_verify.ipynb #e65b0386
 VERIFY_FOLDER = 'verify'  # `models/verify/{fname}/segment-N/`: a segment's replay's files and report
@@ -97,6 +98,51 @@ class SegmentReplay:
         if self.job is not None: self.job.cancel()
         elif self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError): os.killpg(self.proc.pid, signal.SIGTERM)
+
+
+# %% ../../nbs/check/08_verify.ipynb #ba8486ee
+REPLAY_DEVICES = ('wait', 'cpu')  # where a GPU run's replays run: its GPU once its fits are over, or the CPU at once
+
+class ReplayDevice:
+    ("Where a run's replays run. A CPU run's: on the CPU, at once. A GPU run's: on its GPU once the fit is over "
+     "(`'wait'`: a replay beside the training would slow it), at once on the GPUs the user names for it "
+     "(`CUDA_VISIBLE_DEVICES` in `env`: another GPU of the same model gives the same bits), or on the CPU at once "
+     "(`'cpu'`: the GPUs hidden from the replay, whose verdict then says where the runs part)")
+    def __init__(self, choice:str, # 'wait' or 'cpu'
+                 device=None, # the training's device (its DataLoaders'); None: the CPU
+                 env:dict|None=None, # the variables the user gives replays (`VerifyCB`'s `env`)
+                ):
+        if choice not in REPLAY_DEVICES:
+            raise ValueError(f"VerifyCB(device={choice!r}): pass 'wait' (a GPU run's segments are replayed on its GPU "
+                             "once the fit is over) or 'cpu' (on the CPU, at once).")
+        device = torch.device('cpu' if device is None else device)
+        self.choice, self.gpu, self.training = choice, device if device.type == 'cuda' else None, True
+        self.named = (env or {}).get('CUDA_VISIBLE_DEVICES')  # the GPUs the user gives replays, if any
+
+    @property
+    def env(self) -> dict:
+        "The variables a replay runs with: on the CPU, no GPU visible"
+        return {'CUDA_VISIBLE_DEVICES': ''} if self.choice == 'cpu' else {}
+
+    @property
+    def waits(self) -> bool:
+        "Does a replay wait for the fit to end? A GPU run's on its own GPU, while it trains"
+        return self.gpu is not None and self.choice == 'wait' and self.named is None and self.training
+
+    def free(self):
+        "The fit is over: its GPU's cached memory goes back to the device, for a replay that waited"
+        self.training = False
+        if self.gpu is not None: torch.cuda.empty_cache()
+
+    def said(self) -> str:
+        "What a GPU run is told once about where its replays run ('' for a CPU run)"
+        if self.gpu is None: return ''
+        if self.choice == 'wait' and self.named is not None:
+            return f"segments are replayed at once on the GPUs `env` gives them (CUDA_VISIBLE_DEVICES={self.named})"
+        return (f"segments are replayed once the fit is over, on {self.gpu}, which the training holds until then "
+                "(`wait=` seconds at its end; `device='cpu'` replays at once, on the CPU)" if self.choice == 'wait' else
+                "segments are replayed on the CPU (`device='cpu'`), where a GPU run's weights are not expected to "
+                "match bit for bit: a verdict says where the runs part and what in the environment differs")
 
 
 # %% ../../nbs/check/08_verify.ipynb #dd80ba63
@@ -188,8 +234,10 @@ class VerifyCB(Callback, ReproEvents):
                        # local process below the training's CPU priority
         env:dict|None=None, # variables a replay runs with on top of the recorded ones (e.g. `CUDA_VISIBLE_DEVICES`)
         wait:float=0, # seconds a fit's last epoch waits for a running replay's verdict (0: the run never waits)
+        device:str='wait', # a GPU run's replays: on its GPU once the fit is over ('wait'), or the CPU at once ('cpu')
     ):
         store_attr()
+        self.replay_device, self.device_said = ReplayDevice(device), ''  # a GPU run's, from `before_fit` on
         self.first_step, self.segments, self.written = None, [], 0  # the verdicts so far; the checkpoints written
         self.active, self.replays, self.running, self.queued, self.next_start = False, False, None, [], None
         self.why_not = self.loaded = None  # why segments are not replayed, as last said; a checkpoint loaded
@@ -211,6 +259,9 @@ class VerifyCB(Callback, ReproEvents):
         if why and why != self.why_not:
             self._say(f"no segment is replayed: {why}{'; the first step is audited' if self.audit else ''}")
         self.why_not = why
+        self.replay_device = ReplayDevice(self.device, getattr(self.dls, 'device', None), self.env)
+        if self.replays and self.replay_device.said() not in ('', self.device_said):
+            self.device_said = self.replay_device.said(); self._say(self.device_said)
         loaded, self.loaded = self.loaded, None  # a resumed run: the segment in progress starts at its checkpoint
         if self.replays and loaded is not None and self.next_start is None and self._due(self.written):
             with contextlib.suppress(OSError):  # else the segment is replayed from the run's start
@@ -254,20 +305,23 @@ class VerifyCB(Callback, ReproEvents):
             end = _keep_files(file, out/'files')
         except OSError as e: return self._verdict(i, _not_checked(f"its files could not be kept ({e})"))
         self.queued.append(dict(index=i, name=name, end=str(end), start=start and str(start[0]), out=str(out),
-                                env=self.env, parent=os.getpid(), threads=torch.get_num_threads()))
+                                env={**self.replay_device.env, **(self.env or {})}, parent=os.getpid(),
+                                threads=torch.get_num_threads()))
         self._next()
 
     def _due(self, i:int) -> bool: return i == 0 or bool(self.every) and i % self.every == 0
 
     def _next(self):
-        "Start the next queued replay unless one runs: two never run at once"
-        if self.running is not None or not self.queued: return
-        self.running = SegmentReplay(self.queued.pop(0), self.executor)
-        if not self._exit_hook: atexit.register(self._at_exit); self._exit_hook = True
+        "Start the next queued replay unless one runs (two never run at once) or the GPU it needs still trains"
+        if self.queued and not self._exit_hook: atexit.register(self._at_exit); self._exit_hook = True
+        if self.running is None and self.queued and not self.replay_device.waits:
+            self.running = SegmentReplay(self.queued.pop(0), self.executor)
 
     def after_batch(self): self._poll()
     def after_epoch(self):
-        if self.active: self._poll(self.wait if self.epoch == self.n_epoch - 1 else 0)
+        if not self.active: return
+        if (last := self.epoch == self.n_epoch - 1) and self.wait: self.replay_device.free(); self._next()
+        self._poll(self.wait if last else 0)
 
     def _poll(self, wait:float=0):
         "Take the verdict of a replay that ended (waiting up to `wait` seconds), then start the next queued one"
@@ -306,11 +360,12 @@ class VerifyCB(Callback, ReproEvents):
     def _at_exit(self):
         "The process ends: a replay still running ends with it, said in one line"
         self._poll()
-        if self.running is None: return
-        names = [s['name'] for s in [self.running.spec, *self.queued]]
-        self.running.stop()
-        self._say(f"segment {', '.join(names)}: not checked: the run ended before its replay did "
-                  "(`fastrepro reproduce` checks it later)")
+        if self.running is None and not self.queued: return
+        names = [s['name'] for s in [*([self.running.spec] if self.running else []), *self.queued]]
+        why = (f"{self.replay_device.gpu} trained until the run ended (pass `wait=`, or `device='cpu'`)"
+               if self.running is None else "the run ended before its replay did")
+        if self.running is not None: self.running.stop()
+        self._say(f"segment {', '.join(names)}: not checked: {why} (`fastrepro reproduce` checks it later)")
 
     def state_dict(self) -> dict:
         "The verdicts so far and the checkpoints the run wrote: a resumed run verifies no segment twice"

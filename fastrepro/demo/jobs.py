@@ -6,7 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/demo/jobs.html.md"""
 
 # %% ../../nbs/demo/02_jobs.ipynb #992a3c85
 from __future__ import annotations
-import os, sys, json, time, signal, select, tempfile, threading, subprocess, dataclasses
+import os, sys, json, time, signal, select, tempfile, threading, subprocess, dataclasses, importlib
 from fastai.text.all import *
 import fastrepro
 from ..state.kernel_env import DETERMINISTIC_ENV
@@ -40,6 +40,9 @@ def _run_forked(req:dict) -> int:
 
 def serve_jobs():
     "The job server's loop: for each request on stdin, fork a process that runs it; answer its pid, then its status"
+    # fastai's text pipeline imports its tokenizer's library (spaCy) when it first tokenizes: imported here once, it is
+    # not imported again by every text job (an import draws no random number)
+    if importlib.util.find_spec('spacy') is not None: importlib.import_module('spacy')
     for line in sys.stdin:
         req = json.loads(line)
         pid = os.fork()
@@ -48,7 +51,7 @@ def serve_jobs():
         print(json.dumps({'status': os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])}), flush=True)
 
 class JobServer:
-    "A Python process that imported fastai and fastrepro and ran nothing else, forking one job process per `run`"
+    "A Python process that imported fastai, fastrepro and spaCy and ran nothing else, forking a job process per `run`"
     def __init__(self, env:dict):
         self.log = tempfile.TemporaryFile(mode='w+')  # what the server itself says (its imports' warnings)
         self.proc = subprocess.Popen([sys.executable, '-c', 'from fastrepro.demo.jobs import serve_jobs; serve_jobs()'],
