@@ -118,6 +118,9 @@ class ReplayDevice:
         device = torch.device('cpu' if device is None else device)
         self.choice, self.gpu, self.training = choice, device if device.type == 'cuda' else None, True
         self.named = (env or {}).get('CUDA_VISIBLE_DEVICES')  # the GPUs the user gives replays, if any
+        if choice == 'cpu' and self.named:
+            raise ValueError(f"VerifyCB(device='cpu') hides the GPUs that `env` gives replays "
+                             f"(CUDA_VISIBLE_DEVICES={self.named}): pass one or the other.")
 
     @property
     def env(self) -> dict:
@@ -237,7 +240,7 @@ class VerifyCB(Callback, ReproEvents):
         device:str='wait', # a GPU run's replays: on its GPU once the fit is over ('wait'), or the CPU at once ('cpu')
     ):
         store_attr()
-        self.replay_device, self.device_said = ReplayDevice(device), ''  # a GPU run's, from `before_fit` on
+        self.replay_device, self.device_said = ReplayDevice(device, env=env), ''  # a GPU run's, from `before_fit` on
         self.first_step, self.segments, self.written = None, [], 0  # the verdicts so far; the checkpoints written
         self.active, self.replays, self.running, self.queued, self.next_start = False, False, None, [], None
         self.why_not = self.loaded = None  # why segments are not replayed, as last said; a checkpoint loaded
