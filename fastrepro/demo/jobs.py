@@ -6,7 +6,7 @@ Docs: https://fastrepro.github.io/fastrepro/demo/jobs.html.md"""
 
 # %% ../../nbs/demo/02_jobs.ipynb #992a3c85
 from __future__ import annotations
-import os, sys, json, time, signal, select, tempfile, threading, subprocess, dataclasses, importlib
+import os, sys, json, time, signal, select, tempfile, threading, subprocess, dataclasses, importlib.util
 from fastai.text.all import *
 import fastrepro
 from ..state.kernel_env import DETERMINISTIC_ENV
