@@ -368,12 +368,16 @@ def show_command(args):
              help='folder for report.md, report.json and the plots (default: fastrepro-demo)'),
          arg('--workers', type=int, default=0, metavar='N',
              help='processes that train the seeds of the comparison side by side '
-                  '(default: 0, one after another in this process)'))
+                  '(default: 0, one after another in this process)'),
+         arg('--checks', type=int, nargs='+', metavar='N',
+             help='run only these checks, by number: 1 same seed, 2 killed and resumed, 3 fp16, 4 hidden draw, '
+                  '5 change over seeds, 6 fast loop, 7 reproduced from one file (needs 2) (default: all)'))
 def demo_command(args):
     ("Run the ULMFiT reproducibility demo: same seed same bits, kill and resume, fp16 loss scale, a hidden draw found, "
      "a change over seeds, the fast loop")
     with _library_imports(): from fastrepro.demo.run import run_demo  # imports fastai's text application
-    return run_demo(args.profile, n_seeds=args.seeds, data=args.data, out=args.out, workers=args.workers)
+    return run_demo(args.profile, n_seeds=args.seeds, data=args.data, out=args.out, workers=args.workers,
+                    checks=args.checks)
 
 @command('selftest', arg('--ledger', nargs='?', const=True, metavar='PATH|URL',
                          help=f'also record the result in the ledger: a file, or a postgresql:// URL (with no '

@@ -300,6 +300,16 @@ def check_reproduce(demo:Demo):
 DEMO_CHECKS = (check_same_seed, check_resume, check_fp16, check_nondeterminism, check_variants, check_fast_loop,
                check_reproduce)
 
+def _chosen_checks(numbers:list|None) -> list:
+    "The checks of `DEMO_CHECKS` numbered `numbers` (from 1), in the demo's order, or all of them"
+    if numbers is None: return list(DEMO_CHECKS)
+    bad = [n for n in numbers if not (isinstance(n, int) and 1 <= n <= len(DEMO_CHECKS))]
+    if bad or not numbers:
+        raise ValueError(f"--checks takes the numbers of the demo's checks, 1 to {len(DEMO_CHECKS)}, got "
+                         f"{' '.join(map(str, bad)) or 'none'}: " + ', '.join(
+                             f'{i} {f.title}' for i, f in enumerate(DEMO_CHECKS, 1)) + '.')
+    return [DEMO_CHECKS[i - 1] for i in sorted(set(numbers))]
+
 # %% ../../nbs/demo/04_run.ipynb #9f34bdd5
 def run_demo(profile:str='fast', # 'test', 'fast' or 'full'
              n_seeds:int=N_SEEDS, # seeds per arm of check 5
@@ -308,11 +318,13 @@ def run_demo(profile:str='fast', # 'test', 'fast' or 'full'
              seed:int=SEED, # the run seed
              progress:bool=True, # fastai-style progress bars
              workers:int=0, # processes that train check 5's seeds side by side (0: this process)
+             checks:list|None=None, # the checks to run, by number (1-7, as `DEMO_CHECKS` lists them); None: all
             ) -> int:
-    "Run every check, print the report table, write the report and plots to `out`; 0 when all passed"
+    "Run the checks (all by default), print the report table, write the report and plots to `out`; 0 when all passed"
     t0 = time.perf_counter()
+    chosen = _chosen_checks(checks)  # refused before anything trains
     demo = Demo(profile, n_seeds, data, out, seed, progress=progress, workers=workers)
-    results = demo.run(DEMO_CHECKS)
+    results = demo.run(chosen)
     md, _ = demo.write_report(results)
     n_skipped = sum(r.skipped for r in results)
     print(f"\n{format_table(results)}\n\nfastrepro demo, profile {demo.profile.name}: "
