@@ -8,7 +8,8 @@ Docs: https://fastrepro.github.io/fastrepro/all.html.md"""
 __all__ = []
 
 # %% ../nbs/99_all.ipynb #db03c2a0
-# modules a user calls nothing of, imported so that every patch applies (`core`: Learner.fit; `distrib`: DistributedDL)
+# modules a user calls nothing of, imported so that every patch applies (`core`: Learner.fit; `distrib`: fastai's
+# DistributedDL, once a script imports fastai.distributed)
 from .state import core, distrib
 from .checkpoint import resume
 from .state.core import ReproEvents  # the events a callback may add (`plan_fit`, `before_save`, ...)

@@ -10,9 +10,12 @@ losses, its Recorder's values and its dropout masks."""
 import os, sys, signal
 import torch
 from fastai.basics import *
-from fastai.distributed import *
 from fastai.test_utils import synth_dbunch, RegModel
 from fastrepro.all import ReproCB, CheckpointCB, seed_everything, checkpoint_info, state_digest
+# fastai.distributed after fastrepro: fastrepro patches its `DistributedDL` when it is imported (without the patch,
+# fastai broadcasts rank 0's order as a CUDA tensor, which gloo cannot); examples/ulmfit_ddp.py imports it first
+assert 'accelerate' not in sys.modules, 'importing fastrepro imported Accelerate'
+from fastai.distributed import *  # noqa: E402
 
 N_EPOCH, LR, EVERY, SEED = 3, 1e-2, 2, 7
 

@@ -8,9 +8,8 @@ Docs: https://fastrepro.github.io/fastrepro/state/distrib.html.md"""
 from __future__ import annotations
 from fastai.basics import *
 from .core import *
+import sys, importlib.abc, importlib.util
 from .data import data_streams
-try: from fastai.distributed import DistributedDL
-except (ImportError, NameError): DistributedDL = None  # fastai's distributed training needs Accelerate
 
 # %% auto #0
 __all__ = ['distributed', 'world_size', 'all_gather', 'gather', 'any_rank']
@@ -48,20 +47,48 @@ def any_rank(*flags:bool) -> list:
     return [bool(v) for v in t.tolist()]
 
 # %% ../../nbs/state/07_distrib.ipynb #066907cd
-# fastai's own methods (`@patch` keeps them as `_orig_<name>`: importing this module twice does not wrap twice)
-_fastai_ddl = {} if DistributedDL is None else {n: vars(DistributedDL).get('_orig_'+n, vars(DistributedDL)[n])
-                                                 for n in ('_broadcast', 'create_batches')}
+_fastai_ddl = {}  # fastai's own `DistributedDL` methods, which fastrepro's call
 
-if DistributedDL is not None:
+def _patch_distributed_dl(module):
+    "fastrepro's `_broadcast` and `create_batches` on the `DistributedDL` of `module` (`fastai.distributed`)"
+    DistributedDL = module.DistributedDL
+    # fastai's own methods (`patch_to` keeps them as `_orig_<name>`: patching twice does not wrap twice)
+    _fastai_ddl.update({n: vars(DistributedDL).get('_orig_'+n, vars(DistributedDL)[n])
+                        for n in ('_broadcast', 'create_batches')})
     # a rank's share of a resumed pass starts where the pass starts: fastai's `__iter__` serves the share that
     # `DistributedDL.get_idxs` cuts, and `fastrepro.state.data` cuts the batches done from what it serves
-    @patch
-    def _broadcast(self:DistributedDL, t, rank):
+    @patch_to(DistributedDL)
+    def _broadcast(self, t, rank):
         "fastai's broadcast of rank 0's order (a CUDA tensor); not needed when every rank draws it from the streams"
         return t if data_streams(self.dl) is not None else _fastai_ddl['_broadcast'](self, t, rank)
 
-    @patch
-    def create_batches(self:DistributedDL, samps):
+    @patch_to(DistributedDL)
+    def create_batches(self, samps):
         "fastai's, the batches made by the wrapped loader, which also learns which worker makes them"
         if data_streams(self.dl) is not None: self.dl.offs = self.offs  # fastai sets it here, in each worker
         return _fastai_ddl['create_batches'](self, samps)
+
+class _ThenPatch(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    "Finds `name` as the other finders do; its loader runs the module, then `f(module)`. Used once, then removed"
+    def __init__(self, name:str, f): self.name, self.f, self.loader = name, f, None
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name or self not in sys.meta_path: return None
+        sys.meta_path.remove(self)  # the module's own finder answers the next line, and every later import
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None: return spec
+        self.loader, spec.loader = spec.loader, self
+        return spec
+    def create_module(self, spec): return self.loader.create_module(spec)
+    def exec_module(self, module):
+        module.__spec__.loader = module.__loader__ = self.loader  # the module's own loader from here on (its source)
+        self.loader.exec_module(module)
+        self.f(module)
+
+def _after_import(name:str, f):
+    "`f(module)` once module `name` is imported: now if it is, else right after its import (never importing it)"
+    if name in sys.modules: return f(sys.modules[name])
+    sys.meta_path.insert(0, _ThenPatch(name, f))
+
+# fastai's `DistributedDL` is patched when a script imports `fastai.distributed` (for `distrib_ctx`), before or after
+# fastrepro: importing it here would import Accelerate (and boto3) in every process, 0.2 s of CPU, distributed or not
+_after_import('fastai.distributed', _patch_distributed_dl)
