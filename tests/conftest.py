@@ -37,6 +37,12 @@ if WORKERS > 1:
     share = str(max(1, (os.cpu_count() or 1) // WORKERS))
     for k in ('OMP_NUM_THREADS', 'MKL_NUM_THREADS'): os.environ.setdefault(k, share)
 
+# The processes the tests start run beside each other and beside the workers, more threads than cores: an OpenMP thread
+# that waits for work sleeps instead of spinning on a core another process needs (libgomp spins by default; three
+# 2-thread trainings at once on 2 cores took 26-29 s each with spinning, 3.5 s without). Which threads wait, and how,
+# changes no result: no recorded variable, the same bits
+os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
+
 # every process a test starts signs and checks checkpoints with the tests' own secret, never the user's (issue 49):
 # `fastrepro.record.trust` makes it on first use
 TEST_SECRET = Path(tempfile.gettempdir())/f'fastrepro-tests-{os.getuid()}'/'secret'
